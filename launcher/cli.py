@@ -1,0 +1,99 @@
+"""`dslaunch`: flags -> LaunchOptions -> plan -> dry-run, check or launch.
+
+This is the one error boundary: our typed errors become a message, a hint and a
+documented exit code; a traceback appears only with --debug.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from launcher import __version__
+from launcher.errors import EXIT_USAGE, DslaunchError
+
+_state = {"debug": False}
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def _opt(*names, **kwargs):
+    """An option spelled both ways: every `--a_b` also answers to `--a-b`."""
+    spelled = []
+    for name in names:
+        spelled.append(name)
+        if name.startswith("--"):
+            twin = "--" + (name[2:].replace("_", "-") if "_" in name else name[2:].replace("-", "_"))
+            if twin != name:
+                spelled.append(twin)
+    seen = list(dict.fromkeys(spelled))
+    return click.option(*seen, **kwargs)
+
+
+@click.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
+@_opt("-H", "--hostfile", "hostfile", default=None, metavar="PATH",
+      help="DeepSpeed hostfile ('host slots=N' lines). Default /job/hostfile when present.")
+@_opt("-i", "--include", "include", default=None, metavar="SPEC", help="Use only these hosts/slots: 'w0:0,1@w1'.")
+@_opt("-e", "--exclude", "exclude", default=None, metavar="SPEC", help="Leave out these hosts/slots.")
+@_opt("--num_nodes", "num_nodes", type=int, default=None, help="Use the first N nodes.")
+@_opt("--num_gpus", "--nproc_per_node", "--num_accelerators", "num_gpus", type=int, default=None,
+      help="Use the first N slots of each node (CPU ranks when there is no GPU).")
+@_opt("--master_addr", "master_addr", default=None, help="Rendezvous address (default: the first node's).")
+@_opt("--master_port", "master_port", type=int, default=29500, show_default=True,
+      help="Rendezvous port; 0 picks a free one on the first node.")
+@_opt("--launcher", "launcher", default=None, type=click.Choice(["local", "ssh", "pdsh", "openmpi", "slurm"],
+      case_sensitive=False), help="How to start nodes (default: local, else pdsh if installed, else ssh).")
+@_opt("--launcher_args", "launcher_args", default="", help="Extra arguments for pdsh / mpirun / srun.")
+@_opt("--ssh_port", "ssh_port", type=int, default=None, help="Port for ssh and pdsh.")
+@_opt("--env", "env", multiple=True, metavar="KEY=VALUE", help="Export to every rank (repeatable).")
+@_opt("-m", "--module", "module", is_flag=True, help="Run SCRIPT as a module (python -m).")
+@_opt("--no_python", "no_python", is_flag=True, help="Run SCRIPT as a program, not with python.")
+@_opt("--no_local_rank", "no_local_rank", is_flag=True, help="Do not append --local_rank=N.")
+@_opt("--log_dir", "log_dir", default=None, metavar="DIR", help="Also write DIR/rank_<R>.log on each node.")
+@_opt("--remote_python", "remote_python", default=None, help="Python on the other nodes (default: this one).")
+@_opt("--workdir", "workdir", default=None, help="Working directory on every node (default: this one).")
+@_opt("--heartbeat_timeout", "heartbeat_timeout", type=float, default=10.0, show_default=True,
+      help="Seconds of silence after which a node counts as lost.")
+@_opt("--config", "config", default=None, metavar="PATH", help="Engine config to validate and pass on.")
+@_opt("--dry-run", "--dry_run", "dry_run", is_flag=True, help="Print the plan and commands; start nothing.")
+@_opt("--json", "as_json", is_flag=True, help="With --dry-run or --check: one JSON document.")
+@_opt("--check", "check", is_flag=True, help="Run the preflight checks only.")
+@_opt("--no-preflight", "--no_ssh_check", "no_preflight", is_flag=True,
+      help="Skip the checks before a multi-node launch.")
+@_opt("--debug", "debug", is_flag=True, help="Show tracebacks.")
+@click.version_option(__version__, "--version", prog_name="dslaunch")
+@click.argument("script", required=False)
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+def command(**flags):
+    """Start SCRIPT on every slot of every node, supervise it, tear it down on the first failure.
+
+    \b
+    dslaunch --num_gpus 2 train.py --epochs 3
+    dslaunch --hostfile hosts --dry-run train.py
+    dslaunch --hostfile hosts --check
+    """
+    _state["debug"] = flags["debug"]
+    from launcher.main import run
+    sys.exit(run(flags))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: runs the command inside the error boundary."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        command.main(args=args, prog_name="dslaunch", standalone_mode=False)
+    except click.exceptions.Exit as done:
+        sys.exit(done.exit_code)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as exc:
+        click.echo(f"dslaunch: usage error: {exc.format_message()}", err=True)
+        click.echo("  hint: dslaunch --help lists the options", err=True)
+        sys.exit(EXIT_USAGE)
+    except DslaunchError as exc:
+        if _state["debug"] or os.environ.get("DSLAUNCH_DEBUG"):
+            raise
+        click.echo(f"dslaunch: {exc.kind}: {exc.message}", err=True)
+        if exc.hint:
+            click.echo(f"  hint: {exc.hint}", err=True)
+        sys.exit(exc.exit_code)

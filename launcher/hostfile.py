@@ -1,0 +1,115 @@
+"""DeepSpeed hostfiles: text -> hosts. Pure; the only I/O is `load_hostfile`.
+
+Format (one host per line, order = node order)::
+
+    # comment
+    worker-0 slots=8
+    admin@worker-1:2222 slots=8
+
+Stricter than DeepSpeed where DeepSpeed silently guesses: trailing junk, `slots=0`,
+`slots=3x` and a named-but-missing file are errors, not a quiet single-machine run.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from launcher.errors import HostfileError
+
+DEFAULT_HOSTFILE = "/job/hostfile"
+
+_HOST_RE = re.compile(r"^(?:(?P<user>[^@\s:]+)@)?(?P<name>[^@\s:]+)(?::(?P<port>[^@\s:]*))?$")
+_SLOTS_RE = re.compile(r"^slots=(?P<value>\S*)$")
+
+
+@dataclass(frozen=True)
+class Host:
+    """One node: `name` is the bare host name used by filters and MASTER_ADDR."""
+
+    name: str
+    slots: int
+    user: str | None = None
+    port: int | None = None
+    line: int = 0
+
+    @property
+    def ssh_target(self) -> str:
+        """What ssh and pdsh are given: `user@name` or `name`."""
+        return f"{self.user}@{self.name}" if self.user else self.name
+
+    @property
+    def is_local(self) -> bool:
+        return self.name in ("localhost", "127.0.0.1", "::1")
+
+
+def parse_hostfile(text: str, path: str = "<hostfile>") -> list[Host]:
+    """Parse hostfile text; every problem names `path:line`."""
+    hosts: list[Host] = []
+    first_line: dict[str, int] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        host = _parse_line(line, path, number)
+        if host.name in first_line:
+            raise HostfileError(
+                f"{path}:{number}: duplicate host '{host.name}' (first on line {first_line[host.name]})",
+                hint="list each host once; use slots=N for its GPU count")
+        first_line[host.name] = number
+        hosts.append(host)
+    if not hosts:
+        raise HostfileError(f"{path}: no hosts (the file is empty or only comments)",
+                            hint="add one line per node, e.g. 'worker-0 slots=8'")
+    return hosts
+
+
+def _parse_line(line: str, path: str, number: int) -> Host:
+    where = f"{path}:{number}"
+    tokens = line.split("#", 1)[0].split()
+    if len(tokens) < 2:
+        raise HostfileError(f"{where}: bad line '{line}': expected 'HOST slots=N'",
+                            hint="e.g. 'worker-0 slots=8'")
+    match = _HOST_RE.match(tokens[0])
+    if not match:
+        raise HostfileError(f"{where}: bad host '{tokens[0]}'",
+                            hint="a host is NAME, USER@NAME or NAME:PORT")
+    slots_match = _SLOTS_RE.match(tokens[1])
+    if not slots_match:
+        raise HostfileError(f"{where}: bad line '{line}': expected 'slots=N' after the host, got '{tokens[1]}'",
+                            hint="write 'slots=N' with no spaces around '='")
+    value = slots_match.group("value")
+    if not value.isdigit() or int(value) < 1:
+        raise HostfileError(f"{where}: slots must be a whole number >= 1, got '{value}'",
+                            hint="slots is the number of GPUs (or CPU ranks) on that host")
+    if len(tokens) > 2:
+        raise HostfileError(f"{where}: unexpected text after slots: '{' '.join(tokens[2:])}'",
+                            hint="only 'HOST slots=N' is allowed; put remarks after '#'")
+    port = match.group("port")
+    if port is not None and (not port.isdigit() or not 0 < int(port) < 65536):
+        raise HostfileError(f"{where}: bad port '{port}' in '{tokens[0]}'", hint="use NAME:PORT with 1-65535")
+    return Host(name=match.group("name"), slots=int(value), user=match.group("user"),
+                port=int(port) if port else None, line=number)
+
+
+def load_hostfile(path: str | None) -> tuple[list[Host] | None, str | None]:
+    """Read the hostfile the user named, or the default one if it exists.
+
+    Returns (hosts, path) or (None, None) when no file was named and the default is
+    absent: that alone means "this machine only".
+    """
+    if path is None:
+        if not os.path.isfile(DEFAULT_HOSTFILE):
+            return None, None
+        path = DEFAULT_HOSTFILE
+    if not os.path.exists(path):
+        raise HostfileError(f"hostfile '{path}' does not exist",
+                            hint="check the path, or drop --hostfile to run on this machine only")
+    if os.path.isdir(path):
+        raise HostfileError(f"hostfile '{path}' is a directory", hint="give the path of the hostfile itself")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HostfileError(f"cannot read hostfile '{path}': {exc}") from None
+    return parse_hostfile(text, path), path

@@ -1,0 +1,233 @@
+"""The launch plan as data: hosts + options -> nodes -> ranks, each with argv and env.
+
+Pure: everything read from the machine arrives in a `Machine` record, so the
+planner is table-testable and `--dry-run` shows exactly what a launch would do.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+from launcher import env as envpolicy
+from launcher.errors import FilterError, UsageError
+from launcher.filters import apply_counts, apply_include_exclude
+from launcher.hostfile import Host
+
+LAUNCHERS = ("local", "ssh", "pdsh", "openmpi", "slurm")
+DEFAULT_MASTER_PORT = 29500
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """What the user asked for on the command line."""
+
+    script: str
+    script_args: tuple[str, ...] = ()
+    hostfile: str | None = None
+    include: str | None = None
+    exclude: str | None = None
+    num_nodes: int | None = None
+    num_gpus: int | None = None
+    master_addr: str | None = None
+    master_port: int = DEFAULT_MASTER_PORT
+    launcher: str | None = None
+    launcher_args: str = ""
+    ssh_port: int | None = None
+    env: tuple[str, ...] = ()
+    module: bool = False
+    no_python: bool = False
+    no_local_rank: bool = False
+    log_dir: str | None = None
+    config: str | None = None
+    remote_python: str | None = None
+    workdir: str | None = None
+    heartbeat_timeout: float = 10.0
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Facts about the launching machine, read once at the edge."""
+
+    python: str
+    cwd: str
+    environ: dict[str, str]
+    gpu_ids: tuple[int, ...] = ()
+    local_names: frozenset[str] = frozenset({"localhost", "127.0.0.1", "::1"})
+    pdsh_available: bool = False
+    env_files: dict[str, str] = field(default_factory=dict)
+    env_files_used: tuple[str, ...] = ()
+    resolve: Callable[[str], str] = lambda host: host
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    rank: int
+    local_rank: int
+    argv: tuple[str, ...]
+    env: dict[str, str]
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    host: str
+    ssh_target: str
+    ssh_port: int | None
+    node_rank: int
+    slots: tuple[int, ...]
+    is_local: bool
+    ranks: tuple[RankPlan, ...]
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    world_size: int
+    master_addr: str
+    master_port: int
+    launcher: str
+    workdir: str
+    python: str
+    nodes: tuple[NodePlan, ...]
+    launcher_args: str = ""
+    log_dir: str | None = None
+    heartbeat_timeout: float = 10.0
+    env_files: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @property
+    def is_multi_node(self) -> bool:
+        return self.launcher != "local"
+
+
+def build_plan(hosts: list[Host] | None, options: LaunchOptions, machine: Machine) -> JobPlan:
+    """The whole job: which slots, which rank numbers, what each rank runs and sees."""
+    _check_options(options)
+    notes: list[str] = []
+    if hosts is None:
+        hosts, local_notes = _local_hosts(options, machine)
+        notes += local_notes
+    pool = {h.name: _slot_ids(h, hosts, machine) for h in hosts}
+    resources = apply_include_exclude(pool, options.include, options.exclude)
+    resources = apply_counts(resources, options.num_nodes, options.num_gpus)
+    by_name = {h.name: h for h in hosts}
+    chosen = [by_name[name] for name in resources]
+    all_local = all(h.name in machine.local_names for h in chosen)
+    launcher = _choose_launcher(options, chosen, all_local, machine)
+    master_addr = options.master_addr or ("127.0.0.1" if all_local else machine.resolve(chosen[0].name))
+    world_size = sum(len(s) for s in resources.values())
+    workdir = options.workdir or machine.cwd
+    remote_python = options.remote_python or machine.python
+    shared = _shared_env(options, machine)
+    nodes = []
+    next_rank = 0
+    for node_rank, host in enumerate(chosen):
+        is_local = launcher == "local"
+        python = machine.python if is_local else remote_python
+        base = dict(shared) if is_local else {**envpolicy.forwarded(machine.environ), **shared}
+        if not is_local:
+            base["PYTHONPATH"] = _join_path(workdir, base.get("PYTHONPATH"))
+        slots = tuple(resources[host.name])
+        ranks = []
+        for local_rank, _slot in enumerate(slots):
+            rank_env = dict(base)
+            rank_env.update(_rank_env(next_rank, local_rank, node_rank, len(slots), world_size,
+                                      len(chosen), master_addr, options.master_port, slots))
+            ranks.append(RankPlan(rank=next_rank, local_rank=local_rank,
+                                  argv=tuple(_rank_argv(options, python, local_rank)), env=rank_env))
+            next_rank += 1
+        nodes.append(NodePlan(host=host.name, ssh_target=host.ssh_target,
+                              ssh_port=host.port or options.ssh_port, node_rank=node_rank, slots=slots,
+                              is_local=host.name in machine.local_names, ranks=tuple(ranks)))
+    return JobPlan(world_size=world_size, master_addr=master_addr, master_port=options.master_port,
+                   launcher=launcher, workdir=workdir, python=remote_python if launcher != "local"
+                   else machine.python, nodes=tuple(nodes), launcher_args=options.launcher_args,
+                   log_dir=options.log_dir, heartbeat_timeout=options.heartbeat_timeout,
+                   env_files=machine.env_files_used, notes=tuple(notes))
+
+
+def _check_options(options: LaunchOptions) -> None:
+    if options.module and options.no_python:
+        raise UsageError("--module and --no_python cannot be used together",
+                         hint="--module runs 'python -m SCRIPT'; --no_python runs SCRIPT as a program")
+    if (options.include or options.exclude) and (options.num_nodes is not None or options.num_gpus is not None):
+        raise FilterError("--num_nodes/--num_gpus cannot be combined with --include/--exclude",
+                          hint="say which slots with --include alone, e.g. -i worker-0:0,1@worker-1")
+    if options.launcher is not None and options.launcher not in LAUNCHERS:
+        raise UsageError(f"unknown launcher '{options.launcher}'", hint="choose one of: " + ", ".join(LAUNCHERS))
+    if not 0 <= options.master_port < 65536:
+        raise UsageError(f"--master_port {options.master_port} is not a port", hint="use 1-65535, or 0 for a free one")
+    if options.heartbeat_timeout <= 0:
+        raise UsageError("--heartbeat_timeout must be > 0")
+
+
+def _local_hosts(options: LaunchOptions, machine: Machine) -> tuple[list[Host], list[str]]:
+    """No hostfile: this machine, with its GPUs, or CPU ranks when it has none."""
+    if machine.gpu_ids:
+        return [Host("localhost", len(machine.gpu_ids))], []
+    count = options.num_gpus or 1
+    note = f"no GPU found: starting {count} CPU rank(s) (use gloo)"
+    return [Host("localhost", count)], [note]
+
+
+def _slot_ids(host: Host, hosts: list[Host], machine: Machine) -> list[int]:
+    if len(hosts) == 1 and host.name == "localhost" and machine.gpu_ids and host.slots == len(machine.gpu_ids):
+        return list(machine.gpu_ids)
+    return list(range(host.slots))
+
+
+def _choose_launcher(options: LaunchOptions, hosts: list[Host], all_local: bool, machine: Machine) -> str:
+    if options.launcher:
+        if options.launcher == "local" and not all_local:
+            remote = [h.name for h in hosts if h.name not in machine.local_names]
+            raise UsageError(f"--launcher local cannot start ranks on other hosts: {', '.join(remote)}",
+                             hint="use --launcher ssh or pdsh, or --include only this machine")
+        return options.launcher
+    if len(hosts) == 1 and all_local:
+        return "local"
+    return "pdsh" if machine.pdsh_available else "ssh"
+
+
+def _shared_env(options: LaunchOptions, machine: Machine) -> dict[str, str]:
+    shared = dict(machine.env_files)
+    shared.update(envpolicy.parse_env_options(options.env))
+    if options.config:
+        shared["DSLAUNCH_CONFIG"] = os.path.join(options.workdir or machine.cwd, options.config)
+    return shared
+
+
+def _rank_env(rank, local_rank, node_rank, local_world_size, world_size, num_nodes,
+              master_addr, master_port, slots) -> dict[str, str]:
+    values = {
+        "RANK": rank, "LOCAL_RANK": local_rank, "WORLD_SIZE": world_size,
+        "LOCAL_WORLD_SIZE": local_world_size, "LOCAL_SIZE": local_world_size,
+        "NODE_RANK": node_rank, "GROUP_RANK": node_rank, "CROSS_RANK": node_rank,
+        "CROSS_SIZE": num_nodes, "MASTER_ADDR": master_addr, "MASTER_PORT": master_port,
+        "CUDA_VISIBLE_DEVICES": ",".join(str(s) for s in slots),
+    }
+    return {k: str(v) for k, v in values.items()}
+
+
+def _rank_argv(options: LaunchOptions, python: str, local_rank: int) -> list[str]:
+    if options.no_python:
+        argv = [options.script]
+    elif options.module:
+        argv = [python, "-u", "-m", options.script]
+    else:
+        argv = [python, "-u", options.script]
+    if not options.no_local_rank:
+        argv.append(f"--local_rank={local_rank}")
+    return argv + list(options.script_args)
+
+
+def _join_path(first: str, rest: str | None) -> str:
+    return first if not rest else f"{first}:{rest}"
+
+
+def with_master_port(plan: JobPlan, port: int) -> JobPlan:
+    """The same plan with MASTER_PORT replaced (after `--master_port 0` picked one)."""
+    from dataclasses import replace
+    nodes = []
+    for node in plan.nodes:
+        ranks = tuple(replace(r, env={**r.env, "MASTER_PORT": str(port)}) for r in node.ranks)
+        nodes.append(replace(node, ranks=ranks))
+    return replace(plan, master_port=port, nodes=tuple(nodes))

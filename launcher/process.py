@@ -1,0 +1,179 @@
+"""The process layer: spawn ranks, stream their output, tear down their trees.
+
+Processes are found by the pids we started (and their descendants, via psutil),
+never by a name pattern, so other jobs on the same host are never touched.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import psutil
+
+TAIL_LINES = 20
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """One rank to start: what a node's supervisor needs from the plan."""
+
+    rank: int
+    local_rank: int
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    cwd: str
+
+
+@dataclass(frozen=True)
+class RankOutput:
+    rank: int
+    stream: str  # "stdout" or "stderr"
+    line: str
+
+
+@dataclass(frozen=True)
+class RankExit:
+    rank: int
+    local_rank: int
+    returncode: int
+    tail: tuple[str, ...] = ()
+    host: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    @property
+    def exit_code(self) -> int:
+        """The shell convention: 128+N for a rank killed by signal N."""
+        return 128 - self.returncode if self.returncode < 0 else self.returncode
+
+    def describe(self) -> str:
+        where = f"rank {self.rank}" + (f" on {self.host}" if self.host else "")
+        if self.returncode < 0:
+            number = -self.returncode
+            try:
+                name = signal.Signals(number).name
+            except ValueError:
+                name = f"signal {number}"
+            what = f"killed ({name})"
+            if number == signal.SIGKILL:
+                what += ": often the host ran out of memory"
+            return f"{where} was {what}"
+        return f"{where} exited with code {self.returncode}"
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A preexec hook so a rank gets SIGKILL if its supervisor dies (Linux only)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    return hook
+
+
+@dataclass
+class RankProcess:
+    spec: RankSpec
+    popen: subprocess.Popen
+    tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    readers: list = field(default_factory=list)
+
+
+def spawn(spec: RankSpec, on_output: Callable[[RankOutput], None], log_file=None) -> RankProcess:
+    """Start one rank in its own session; two threads stream its stdout and stderr."""
+    popen = subprocess.Popen(list(spec.argv), env=spec.env, cwd=spec.cwd, stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                             preexec_fn=_parent_death_signal())
+    proc = RankProcess(spec=spec, popen=popen)
+    lock = threading.Lock()
+    for stream_name, pipe in (("stdout", popen.stdout), ("stderr", popen.stderr)):
+        thread = threading.Thread(target=_pump, args=(proc, stream_name, pipe, on_output, log_file, lock),
+                                  daemon=True)
+        thread.start()
+        proc.readers.append(thread)
+    return proc
+
+
+def _pump(proc: RankProcess, stream: str, pipe, on_output, log_file, lock) -> None:
+    for raw in iter(pipe.readline, b""):
+        line = raw.decode("utf-8", errors="replace").rstrip("\n")
+        proc.tail.append(line)
+        if log_file is not None:
+            with lock:
+                log_file.write(line + "\n")
+                log_file.flush()
+        on_output(RankOutput(proc.spec.rank, stream, line))
+    pipe.close()
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    """The process and all its descendants that are still alive."""
+    try:
+        root = psutil.Process(pid)
+        return [root] + root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def signal_tree(pid: int, signum: int) -> list[psutil.Process]:
+    tree = process_tree(pid)
+    for proc in tree:
+        try:
+            proc.send_signal(signum)
+        except psutil.NoSuchProcess:
+            pass
+    return tree
+
+
+def stop_processes(popens: list[subprocess.Popen], first_signal: int = signal.SIGTERM,
+                   grace: float = 3.0) -> None:
+    """Signal every process tree we started; SIGKILL whatever is left after `grace` s.
+
+    Our direct children are reaped through their Popen so their exit codes stay right.
+    """
+    descendants: list[psutil.Process] = []
+    for popen in popens:
+        if popen.poll() is None:
+            descendants += [p for p in signal_tree(popen.pid, first_signal) if p.pid != popen.pid]
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if all(p.poll() is not None for p in popens) and not _alive(descendants):
+            break
+        time.sleep(0.02)
+    for popen in popens:
+        if popen.poll() is None:
+            descendants += [p for p in signal_tree(popen.pid, signal.SIGKILL) if p.pid != popen.pid]
+    for proc in _alive(descendants):
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    for popen in popens:
+        try:
+            popen.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    alive = []
+    for proc in procs:
+        try:
+            if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except psutil.NoSuchProcess:
+            pass
+    return alive

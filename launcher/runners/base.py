@@ -1,0 +1,42 @@
+"""What every runner shares: the agent command line and the runner registry."""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from launcher.plan import JobPlan, NodePlan
+
+DRY_RUN_ENDPOINT_HOST = "<dslaunch-address>"
+
+
+@dataclass(frozen=True)
+class ControlEndpoint:
+    """Where agents call back to dslaunch, and the job's token that admits them."""
+
+    host: str = DRY_RUN_ENDPOINT_HOST
+    port: int = 0
+    token: str = "<token>"
+
+    def address(self) -> str:
+        return f"{self.host}:{self.port or '<port>'}"
+
+
+def agent_argv(plan: JobPlan, endpoint: ControlEndpoint, node_rank: str) -> list[str]:
+    """The per-node agent's argv; `node_rank` may be a literal, '%n' (pdsh) or 'env:VAR'."""
+    return [plan.python, "-u", "-m", "launcher.agent", "--connect", endpoint.address(),
+            "--token", endpoint.token, "--node-rank", node_rank]
+
+
+def remote_shell_command(plan: JobPlan, argv: list[str]) -> str:
+    """The one shell line run on a node: cd to the workdir, then exec the agent."""
+    return f"cd {shlex.quote(plan.workdir)} && exec {shlex.join(argv)}"
+
+
+def get_runner(name: str):
+    """The runner module for a launcher name (imported lazily: they are small)."""
+    import importlib
+    return importlib.import_module(f"launcher.runners.{name}")
+
+
+def node_label(node: NodePlan) -> str:
+    return f"node {node.node_rank} ({node.host})"

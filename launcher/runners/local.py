@@ -1,0 +1,54 @@
+"""The local runner: every rank on this machine, supervised in-process (no agent, no ssh)."""
+from __future__ import annotations
+
+import os
+import signal
+
+from launcher import console
+from launcher.errors import EXIT_SIGINT
+from launcher.node import rank_specs
+from launcher.plan import JobPlan
+from launcher.planjson import node_to_json
+from launcher.runners.base import ControlEndpoint
+from launcher.supervisor import Supervisor
+
+
+def render(plan: JobPlan, endpoint: ControlEndpoint | None = None) -> list[list[str]]:
+    """Local ranks are started directly: the node command is empty, the ranks' argv is exact."""
+    return [[] for _ in plan.nodes]
+
+
+def launch(plan: JobPlan, grace: float = 3.0) -> int:
+    node = plan.nodes[0]
+    specs = rank_specs(node_to_json(node), plan.master_addr, plan.workdir, dict(os.environ))
+    supervisor = Supervisor(specs, on_output=console.print_rank_line, log_dir=plan.log_dir, grace=grace,
+                            host=node.host)
+    handlers = _install_signal_handlers(supervisor)
+    try:
+        supervisor.start()
+        result = supervisor.run()
+    finally:
+        for signum, previous in handlers.items():
+            signal.signal(signum, previous)
+    return finish(result)
+
+
+def finish(result) -> int:
+    if result.first_failure is not None:
+        console.say(console.failure_summary(result.first_failure))
+        return result.first_failure.exit_code
+    if result.stopped_by is not None:
+        console.say(f"stopped by {result.stopped_by}; every rank was stopped")
+        return EXIT_SIGINT if result.stopped_by == "SIGINT" else 128 + signal.SIGTERM
+    return 0
+
+
+def _install_signal_handlers(supervisor: Supervisor) -> dict:
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        name = signal.Signals(signum).name
+
+        def handler(_signum, _frame, name=name, signum=signum):
+            supervisor.request_stop(name, signum)
+        previous[signum] = signal.signal(signum, handler)
+    return previous

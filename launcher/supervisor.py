@@ -1,0 +1,108 @@
+"""Supervise one node's ranks: the first failure stops the rest, signals reach all.
+
+Used in-process by the local runner and by the per-node agent. It reports through
+callbacks and never prints, so the two can route output their own way.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from launcher.process import RankExit, RankOutput, RankProcess, RankSpec, spawn, stop_processes
+
+POLL_SECONDS = 0.02
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    """How a node ended: every rank's exit, the first failure, or why it was stopped."""
+
+    exits: tuple[RankExit, ...]
+    first_failure: RankExit | None = None
+    stopped_by: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.first_failure is None and self.stopped_by is None
+
+
+class Supervisor:
+    """Starts `specs`, watches them, and tears all of them down on the first failure."""
+
+    def __init__(self, specs: list[RankSpec], on_output: Callable[[RankOutput], None],
+                 on_exit: Callable[[RankExit], None] = lambda e: None, log_dir: str | None = None,
+                 grace: float = 3.0, host: str = ""):
+        self.specs = specs
+        self.on_output = on_output
+        self.on_exit = on_exit
+        self.log_dir = log_dir
+        self.grace = grace
+        self.host = host
+        self.procs: list[RankProcess] = []
+        self._logs = []
+        self._stop_request: tuple[str, int] | None = None
+
+    def request_stop(self, reason: str, signum: int = signal.SIGTERM) -> None:
+        """Ask the run loop to stop every rank (safe from a signal handler or thread)."""
+        if self._stop_request is None:
+            self._stop_request = (reason, signum)
+
+    def start(self) -> None:
+        if self.log_dir:
+            os.makedirs(self.log_dir, exist_ok=True)
+        for spec in self.specs:
+            log = open(os.path.join(self.log_dir, f"rank_{spec.rank}.log"), "a", encoding="utf-8") \
+                if self.log_dir else None
+            self._logs.append(log)
+            self.procs.append(spawn(spec, self.on_output, log))
+
+    def run(self) -> NodeResult:
+        """Block until every rank ended, a rank failed, or a stop was requested."""
+        exits: dict[int, RankExit] = {}
+        first_failure = None
+        while len(exits) < len(self.procs):
+            for proc in self.procs:
+                if proc.spec.rank in exits:
+                    continue
+                code = proc.popen.poll()
+                if code is None:
+                    continue
+                for reader in proc.readers:
+                    reader.join(timeout=1.0)
+                done = RankExit(proc.spec.rank, proc.spec.local_rank, code, tuple(proc.tail), self.host)
+                exits[proc.spec.rank] = done
+                self.on_exit(done)
+                if not done.ok and first_failure is None:
+                    first_failure = done
+            if first_failure is not None:
+                self._teardown(signal.SIGTERM, exits)
+                break
+            if self._stop_request is not None:
+                self._teardown(self._stop_request[1], exits)
+                break
+            time.sleep(POLL_SECONDS)
+        self._close_logs()
+        stopped_by = self._stop_request[0] if self._stop_request and first_failure is None else None
+        ordered = tuple(exits[p.spec.rank] for p in self.procs if p.spec.rank in exits)
+        return NodeResult(exits=ordered, first_failure=first_failure, stopped_by=stopped_by)
+
+    def _teardown(self, signum: int, exits: dict[int, RankExit]) -> None:
+        running = [p for p in self.procs if p.spec.rank not in exits]
+        stop_processes([p.popen for p in running], first_signal=signum, grace=self.grace)
+        for proc in running:
+            code = proc.popen.poll()
+            if code is None:
+                proc.popen.kill()
+                code = proc.popen.wait()
+            for reader in proc.readers:
+                reader.join(timeout=0.5)
+            exits[proc.spec.rank] = RankExit(proc.spec.rank, proc.spec.local_rank, code, tuple(proc.tail),
+                                             self.host)
+
+    def _close_logs(self) -> None:
+        for log in self._logs:
+            if log is not None:
+                log.close()
