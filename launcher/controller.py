@@ -1,0 +1,252 @@
+"""dslaunch's side of a multi-node job: start agents, hand out the plan, supervise.
+
+The runner only has to start one agent per node; everything after that (output,
+fail-fast, heartbeats, teardown) goes through the control channel and is the same
+for ssh, pdsh, mpirun and srun.
+"""
+from __future__ import annotations
+
+import queue
+import secrets
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from launcher import console
+from launcher.errors import EXIT_SIGINT, LaunchError
+from launcher.netinfo import local_address_toward
+from launcher.plan import JobPlan, with_master_port
+from launcher.planjson import node_to_json
+from launcher.process import RankExit, RankOutput, stop_processes
+from launcher.runners.base import ControlEndpoint
+from launcher.wire import HEARTBEAT_SECONDS, Channel, keepalive
+
+STARTUP_TIMEOUT = 60.0
+STOP_TIMEOUT = 10.0
+
+
+@dataclass
+class Started:
+    """A runner process (ssh per node, or one pdsh/mpirun/srun for all) and its output."""
+
+    label: str
+    popen: subprocess.Popen
+    node_ranks: tuple[int, ...]
+    tail: deque = field(default_factory=lambda: deque(maxlen=20))
+
+
+class Controller:
+    def __init__(self, plan: JobPlan, grace: float = 3.0):
+        self.plan = plan
+        self.grace = grace
+        self.token = secrets.token_hex(16)
+        self.events: queue.Queue = queue.Queue()
+        self.channels: dict[int, Channel] = {}
+        self.last_heard: dict[int, float] = {}
+        self.done: set[int] = set()
+        self.hostnames: dict[int, str] = {}
+        self.listener = socket.create_server(("0.0.0.0", 0), backlog=len(plan.nodes) + 8)
+        remote = next((n for n in plan.nodes if not n.is_local), plan.nodes[0])
+        toward = plan.master_addr if not remote.is_local else "127.0.0.1"
+        self.endpoint = ControlEndpoint(local_address_toward(toward) or socket.gethostname(),
+                                        self.listener.getsockname()[1], self.token)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _addr = self.listener.accept()
+            except OSError:
+                return
+            keepalive(sock)
+            threading.Thread(target=self._read, args=(Channel(sock),), daemon=True).start()
+
+    def _read(self, channel: Channel) -> None:
+        hello = channel.recv()
+        if not hello or hello.get("type") != "hello" or hello.get("token") != self.token:
+            channel.close()
+            return
+        node_rank = int(hello["node_rank"])
+        self.events.put((node_rank, {**hello, "channel": channel}))
+        while True:
+            message = channel.recv()
+            if message is None:
+                self.events.put((node_rank, {"type": "eof"}))
+                return
+            self.events.put((node_rank, message))
+
+    def broadcast(self, message: dict) -> None:
+        for channel in self.channels.values():
+            channel.send(message)
+
+    def run(self, start: Callable[[ControlEndpoint], list[Started]]) -> int:
+        """Start the agents with `start`, run the job, return dslaunch's exit code."""
+        started = start(self.endpoint)
+        for item in started:
+            threading.Thread(target=_pump_runner, args=(item,), daemon=True).start()
+        stop_reason = {"value": None}
+        previous = _install_signals(stop_reason)
+        try:
+            return self._supervise(started, stop_reason)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            self.listener.close()
+            stop_processes([s.popen for s in started], grace=2.0)
+
+    def _supervise(self, started: list[Started], stop_reason: dict) -> int:
+        plan, expected = self.plan, len(self.plan.nodes)
+        failure: RankExit | None = None
+        lost: str | None = None
+        stopping_since: float | None = None
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        plans_sent = False
+        next_heartbeat = 0.0
+        while len(self.done) < expected:
+            now = time.monotonic()
+            if not plans_sent:
+                early = self._startup_problem(started, deadline)
+                if early:
+                    raise LaunchError(early, hint="run 'dslaunch --check' with the same hostfile to see why")
+                if len(self.channels) == expected:
+                    plan = self._send_plans()
+                    plans_sent = True
+            if now >= next_heartbeat:
+                self.broadcast({"type": "heartbeat"})
+                next_heartbeat = now + HEARTBEAT_SECONDS
+            if plans_sent and stopping_since is None:
+                lost = lost or self._silent_node(now)
+            reason = stop_reason["value"] or (failure and "rank failure") or (lost and "node lost")
+            if reason and stopping_since is None:
+                stopping_since = now
+                signum = signal.SIGINT if reason == "SIGINT" else signal.SIGTERM
+                self.broadcast({"type": "stop", "reason": reason, "signal": int(signum)})
+                if not plans_sent:
+                    break
+            if stopping_since is not None and now - stopping_since > self.grace + STOP_TIMEOUT:
+                console.say("some agents did not confirm the stop in time; ending their runner processes")
+                break
+            try:
+                node_rank, message = self.events.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            failure = self._handle(node_rank, message, failure)
+        return self._exit_code(failure, lost, stop_reason["value"])
+
+    def _handle(self, node_rank: int, message: dict, failure: RankExit | None) -> RankExit | None:
+        kind = message["type"]
+        self.last_heard[node_rank] = time.monotonic()
+        host = self.plan.nodes[node_rank].host if node_rank < len(self.plan.nodes) else "?"
+        if kind == "hello":
+            self.channels[node_rank] = message["channel"]
+            self.hostnames[node_rank] = message.get("hostname", host)
+        elif kind == "output":
+            console.print_rank_line(RankOutput(message["rank"], message["stream"], message["line"]))
+        elif kind == "exit":
+            done = RankExit(message["rank"], message["local_rank"], message["returncode"],
+                            tuple(message.get("tail", ())), host)
+            if not done.ok and failure is None:
+                return done
+        elif kind == "error":
+            console.say(f"node {node_rank} ({host}): {message['message']}")
+            if failure is None:
+                return RankExit(-1, -1, 1, (message["message"],), host)
+        elif kind in ("done", "eof"):
+            self.done.add(node_rank)
+        return failure
+
+    def _send_plans(self) -> JobPlan:
+        plan = self.plan
+        if plan.master_port == 0:
+            self.channels[0].send({"type": "pick_port"})
+            port = self._wait_for(0, "port")["port"]
+            plan = self.plan = with_master_port(plan, port)
+        job = {"master_addr": plan.master_addr, "workdir": plan.workdir, "log_dir": plan.log_dir,
+               "heartbeat_timeout": plan.heartbeat_timeout, "grace": self.grace}
+        for node in plan.nodes:
+            self.channels[node.node_rank].send({"type": "plan", "job": job, "node": node_to_json(node)})
+        now = time.monotonic()
+        for node in plan.nodes:
+            self.last_heard[node.node_rank] = now
+        return plan
+
+    def _wait_for(self, node_rank: int, kind: str) -> dict:
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            rank, message = self.events.get(timeout=15)
+            if rank == node_rank and message["type"] == kind:
+                return message
+            self._handle(rank, message, None)
+        raise LaunchError(f"node {node_rank} did not answer '{kind}' in time")
+
+    def _startup_problem(self, started: list[Started], deadline: float) -> str | None:
+        for item in started:
+            missing = [r for r in item.node_ranks if r not in self.channels]
+            if missing and item.popen.poll() is not None:
+                time.sleep(0.2)  # let the output pump drain
+                tail = "\n".join(f"    {line}" for line in item.tail) or "    (no output)"
+                return (f"{item.label} exited with code {item.popen.returncode} before the agent of "
+                        f"{_names(self.plan, missing)} connected:\n{tail}")
+        if time.monotonic() > deadline:
+            missing = [n.node_rank for n in self.plan.nodes if n.node_rank not in self.channels]
+            return f"no agent from {_names(self.plan, missing)} after {STARTUP_TIMEOUT:.0f} s"
+        return None
+
+    def _silent_node(self, now: float) -> str | None:
+        for node in self.plan.nodes:
+            heard = self.last_heard.get(node.node_rank, now)
+            if node.node_rank not in self.done and now - heard > self.plan.heartbeat_timeout:
+                return f"node {node.node_rank} ({node.host})"
+        return None
+
+    def _exit_code(self, failure: RankExit | None, lost: str | None, interrupted: str | None) -> int:
+        if failure is not None:
+            console.say(console.failure_summary(failure))
+            return failure.exit_code if failure.rank >= 0 else 1
+        if lost is not None:
+            console.say(f"{lost} stopped answering for {self.plan.heartbeat_timeout:.0f} s "
+                        f"(network cut or host down); every other node was stopped")
+            return 1
+        if interrupted is not None:
+            console.say(f"stopped by {interrupted}; every rank on every node was stopped")
+            return EXIT_SIGINT if interrupted == "SIGINT" else 128 + signal.SIGTERM
+        return 0
+
+
+def _names(plan: JobPlan, node_ranks: list[int]) -> str:
+    return ", ".join(f"node {r} ({plan.nodes[r].host})" for r in node_ranks)
+
+
+def _pump_runner(item: Started) -> None:
+    for stream in (item.popen.stdout,):
+        if stream is None:
+            continue
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            item.tail.append(line)
+            console.say(f"[{item.label}] {line}")
+
+
+def _install_signals(stop_reason: dict) -> dict:
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        def handler(s, _frame):
+            stop_reason["value"] = stop_reason["value"] or signal.Signals(s).name
+        previous[signum] = signal.signal(signum, handler)
+    return previous
+
+
+def spawn_runner(label: str, argv: list[str], env: dict[str, str] | None, node_ranks: tuple[int, ...]) -> Started:
+    """Start one runner process with stdout and stderr merged into one watched pipe."""
+    try:
+        popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    except FileNotFoundError:
+        raise LaunchError(f"'{argv[0]}' is not installed on this machine",
+                          hint="install it, or choose another --launcher") from None
+    return Started(label=label, popen=popen, node_ranks=node_ranks)

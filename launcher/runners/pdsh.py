@@ -1,0 +1,48 @@
+"""The pdsh runner: `pdsh -R ssh -w h0,h1 ...`; pdsh's %n gives each node its rank.
+
+pdsh keeps the -w order, so node rank = hostfile order. PDSH_SSH_ARGS_APPEND is
+appended to, never replaced (DeepSpeed #4370).
+"""
+from __future__ import annotations
+
+import os
+import shlex
+
+from launcher.controller import Controller, spawn_runner
+from launcher.errors import UsageError
+from launcher.plan import JobPlan
+from launcher.runners.base import ControlEndpoint, agent_argv, remote_shell_command
+
+
+def _ssh_args(plan: JobPlan, environ: dict[str, str]) -> str:
+    ports = {n.ssh_port for n in plan.nodes}
+    if len(ports) > 1:
+        raise UsageError("pdsh cannot use a different ssh port per host: " + ", ".join(
+            f"{n.host}:{n.ssh_port or 22}" for n in plan.nodes), hint="use --launcher ssh")
+    extra = "-o BatchMode=yes" + (f" -p {ports.pop()}" if ports and None not in ports else "")
+    old = environ.get("PDSH_SSH_ARGS_APPEND", "").strip()
+    return f"{old} {extra}".strip()
+
+
+def command(plan: JobPlan, endpoint: ControlEndpoint) -> list[str]:
+    hosts = ",".join(n.ssh_target for n in plan.nodes)
+    line = remote_shell_command(plan, agent_argv(plan, endpoint, "%n"))
+    return ["pdsh", "-S", "-R", "ssh", "-f", "1024", "-w", hosts, *shlex.split(plan.launcher_args), line]
+
+
+def render(plan: JobPlan, endpoint: ControlEndpoint) -> list[list[str]]:
+    full = command(plan, endpoint)
+    return [full for _ in plan.nodes]
+
+
+def runner_env(plan: JobPlan, environ: dict[str, str]) -> dict[str, str]:
+    return {**environ, "PDSH_RCMD_TYPE": "ssh", "PDSH_SSH_ARGS_APPEND": _ssh_args(plan, environ)}
+
+
+def launch(plan: JobPlan) -> int:
+    env = runner_env(plan, dict(os.environ))
+
+    def start(endpoint: ControlEndpoint):
+        ranks = tuple(n.node_rank for n in plan.nodes)
+        return [spawn_runner("pdsh", command(plan, endpoint), env, ranks)]
+    return Controller(plan).run(start)

@@ -1,0 +1,33 @@
+"""The ssh runner: the system OpenSSH client, one connection per node.
+
+Honours ~/.ssh/config, the agent and known_hosts as the user's own ssh does;
+BatchMode=yes so it never prompts. The remote command holds no env values: they
+travel over the control channel.
+"""
+from __future__ import annotations
+
+import os
+
+from launcher.controller import Controller, spawn_runner
+from launcher.plan import JobPlan, NodePlan
+from launcher.runners.base import ControlEndpoint, agent_argv, remote_shell_command
+
+SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
+
+
+def node_command(plan: JobPlan, node: NodePlan, endpoint: ControlEndpoint) -> list[str]:
+    argv = ["ssh", *SSH_OPTIONS]
+    if node.ssh_port:
+        argv += ["-p", str(node.ssh_port)]
+    return argv + [node.ssh_target, remote_shell_command(plan, agent_argv(plan, endpoint, str(node.node_rank)))]
+
+
+def render(plan: JobPlan, endpoint: ControlEndpoint) -> list[list[str]]:
+    return [node_command(plan, node, endpoint) for node in plan.nodes]
+
+
+def launch(plan: JobPlan) -> int:
+    def start(endpoint: ControlEndpoint):
+        return [spawn_runner(f"ssh {node.host}", node_command(plan, node, endpoint), dict(os.environ),
+                             (node.node_rank,)) for node in plan.nodes]
+    return Controller(plan).run(start)
