@@ -11,7 +11,7 @@ import sys
 import click
 
 from launcher import __version__
-from launcher.errors import EXIT_USAGE, DslaunchError
+from launcher.errors import EXIT_SIGINT, DslaunchError
 
 _state = {"debug": False}
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -30,7 +30,28 @@ def _opt(*names, **kwargs):
     return click.option(*seen, **kwargs)
 
 
-@click.command(context_settings={**CONTEXT, "allow_interspersed_args": False})
+class BoundaryCommand(click.Command):
+    """A click command that turns our typed errors into a message, a hint and an exit code."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except DslaunchError as exc:
+            if _state["debug"] or os.environ.get("DSLAUNCH_DEBUG"):
+                raise
+            click.echo(f"dslaunch: {exc.kind}: {exc.message}", err=True)
+            if exc.hint:
+                click.echo(f"  hint: {exc.hint}", err=True)
+            ctx.exit(exc.exit_code)
+
+    def main(self, *args, **kwargs):
+        try:
+            return super().main(*args, **kwargs)
+        except click.exceptions.Abort:  # pragma: no cover - Ctrl-C while click itself runs
+            sys.exit(EXIT_SIGINT)
+
+
+@click.command(cls=BoundaryCommand, context_settings={**CONTEXT, "allow_interspersed_args": False})
 @_opt("-H", "--hostfile", "hostfile", default=None, metavar="PATH",
       help="DeepSpeed hostfile ('host slots=N' lines). Default /job/hostfile when present.")
 @_opt("-i", "--include", "include", default=None, metavar="SPEC", help="Use only these hosts/slots: 'w0:0,1@w1'.")
@@ -78,22 +99,5 @@ def command(**flags):
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Console entry point: runs the command inside the error boundary."""
-    args = sys.argv[1:] if argv is None else argv
-    try:
-        command.main(args=args, prog_name="dslaunch", standalone_mode=False)
-    except click.exceptions.Exit as done:
-        sys.exit(done.exit_code)
-    except click.exceptions.Abort:
-        sys.exit(130)
-    except click.ClickException as exc:
-        click.echo(f"dslaunch: usage error: {exc.format_message()}", err=True)
-        click.echo("  hint: dslaunch --help lists the options", err=True)
-        sys.exit(EXIT_USAGE)
-    except DslaunchError as exc:
-        if _state["debug"] or os.environ.get("DSLAUNCH_DEBUG"):
-            raise
-        click.echo(f"dslaunch: {exc.kind}: {exc.message}", err=True)
-        if exc.hint:
-            click.echo(f"  hint: {exc.hint}", err=True)
-        sys.exit(exc.exit_code)
+    """Console entry point."""
+    command.main(args=argv, prog_name="dslaunch")

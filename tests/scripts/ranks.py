@@ -1,0 +1,39 @@
+"""A rank program for launcher tests (no torch): behaviour chosen by argv.
+
+  echo-args      print each argv item as JSON, then a few env vars as JSON
+  fail R CODE    rank R exits with CODE after 0.5 s; others sleep 60 s
+  sleep          every rank sleeps 60 s, printing its pid (SIGINT prints 'interrupted')
+  kill9 R        rank R kills itself with SIGKILL
+"""
+import json
+import os
+import signal
+import sys
+import time
+
+rank = int(os.environ["RANK"])
+args = [a for a in sys.argv[1:] if not a.startswith("--local_rank=")]
+mode = args[0]
+print(f"pid {os.getpid()} rank {rank}", flush=True)
+if mode == "echo-args":
+    print("ARGS " + json.dumps(sys.argv[1:]), flush=True)
+    keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES",
+            "GLOO_SOCKET_IFNAME", "OMP_NUM_THREADS", "DSL_TEST_FORWARD", "NCCL_TEST_VALUE", "DSL_TEST_ENV"]
+    print("ENV " + json.dumps({k: os.environ.get(k) for k in keys}), flush=True)
+elif mode == "fail":
+    if rank == int(args[1]):
+        time.sleep(0.5)
+        print("failing on purpose", file=sys.stderr, flush=True)
+        sys.exit(int(args[2]))
+    time.sleep(60)
+elif mode == "sleep":
+    try:
+        time.sleep(60)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        sys.exit(1)
+elif mode == "kill9":
+    if rank == int(args[1]):
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)
