@@ -1,0 +1,170 @@
+"""Multi-node launches on the real test cluster (scripts/local-cluster): real sshd, pdsh, mpirun."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RANKS = os.path.join(ROOT, "tests", "scripts", "ranks.py")
+STATE = os.environ.get("DSL_CLUSTER_DIR", "/run/dslaunch-cluster")
+CLUSTER = os.path.join(ROOT, "scripts", "local-cluster")
+
+pytestmark = [pytest.mark.cluster,
+              pytest.mark.skipif(not os.path.isfile(os.path.join(STATE, "hostfile")),
+                                 reason="no local cluster (run: scripts/local-cluster up 3)")]
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    path = tmp_path / "hosts"
+    path.write_text("node1 slots=2\nnode2 slots=2\n")
+    return str(path)
+
+
+def dslaunch(*args, timeout=120, env=None):
+    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=env)
+
+
+def start(*args, env=None):
+    return subprocess.Popen([sys.executable, "-m", "launcher", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+
+
+def rank_pids(text):
+    return [int(m.group(1)) for m in re.finditer(r"\] pid (\d+) rank", text)]
+
+
+def read_until(proc, count):
+    seen = ""
+    end = time.time() + 60
+    while time.time() < end and len(rank_pids(seen)) < count:
+        seen += proc.stdout.readline()
+    return rank_pids(seen)
+
+
+def alive(pids):
+    found = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                found.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def job_processes(marker):
+    """Processes of this job on any node (namespaces share the pid space), found by a marker arg."""
+    return [p.pid for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+
+
+@pytest.mark.parametrize("launcher", ["ssh", "pdsh", "openmpi"])
+def test_gloo_all_reduce_two_nodes_nothing_set_by_hand(hosts, launcher):
+    done = dslaunch("-H", hosts, "--launcher", launcher, "--no-preflight", "examples/hello_dist.py")
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if "all_reduce sum = 10 (expected 10)" in line]
+    assert len(lines) == 4
+    assert {line.split(" on ")[1].split(":")[0] for line in lines} == {"node1", "node2"}
+
+
+def test_forwarded_env_and_tricky_args_arrive_verbatim(hosts):
+    value = 'a b $HOME "q" \'s\' ;*'
+    env = {**os.environ, "NCCL_TEST_VALUE": value, "DSL_TEST_FORWARD": "not forwarded"}
+    tricky = ["a b", "it's", "$HOME", "x;y", "*", '"q"']
+    done = dslaunch("-H", hosts, "--launcher", "ssh", "--no-preflight", "--env", "DSL_TEST_ENV=" + value,
+                    RANKS, "echo-args", *tricky, env=env)
+    assert done.returncode == 0, done.stderr
+    envs = [json.loads(line.split("ENV ", 1)[1]) for line in done.stdout.splitlines() if "ENV " in line]
+    argvs = [json.loads(line.split("ARGS ", 1)[1]) for line in done.stdout.splitlines() if "ARGS " in line]
+    assert len(envs) == 4 and all(a[1:] == ["echo-args", *tricky] for a in argvs)
+    by_rank = {e["RANK"]: e for e in envs}
+    assert by_rank["3"]["NODE_RANK"] == "1" and by_rank["3"]["LOCAL_RANK"] == "1"
+    assert all(e["NCCL_TEST_VALUE"] == value and e["DSL_TEST_ENV"] == value for e in envs)
+    assert all(e["DSL_TEST_FORWARD"] is None for e in envs)
+    assert {e["MASTER_ADDR"] for e in envs} == {"10.213.0.1"}
+    assert all(e["GLOO_SOCKET_IFNAME"] and e["GLOO_SOCKET_IFNAME"] != "lo" for e in envs)
+
+
+def test_env_values_never_on_a_command_line(hosts):
+    secret = "sekrit-" + str(os.getpid())
+    proc = start("-H", hosts, "--launcher", "ssh", "--no-preflight", "--env", "DSL_TEST_ENV=" + secret,
+                 RANKS, "sleep", env={**os.environ, "NCCL_TEST_VALUE": secret + "-nccl"})
+    try:
+        assert len(read_until(proc, 4)) == 4
+        others = [pid for pid in job_processes(secret) if pid != proc.pid]  # dslaunch's own argv has --env
+        assert others == [], "a forwarded value showed up in a command line on a node"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+
+
+@pytest.mark.parametrize("launcher", ["ssh", "pdsh"])
+def test_crash_on_node2_stops_node1_within_3s(hosts, launcher):
+    proc = start("-H", hosts, "--launcher", launcher, "--no-preflight", RANKS, "fail", "3", "9")
+    pids = read_until(proc, 4)
+    crashed_at = time.monotonic() + 0.5  # rank 3 exits 0.5 s after printing its pid (upper bound)
+    out, err = proc.communicate(timeout=60)
+    ended = time.monotonic() - crashed_at
+    assert proc.returncode == 9, err
+    assert "rank 3 on node2 exited with code 9" in err and "failing on purpose" in err
+    assert ended < 3.0, f"took {ended:.2f} s"
+    assert alive(pids) == []
+
+
+@pytest.mark.parametrize("launcher", ["ssh", "pdsh"])
+def test_sigkill_of_dslaunch_leaves_nothing_after_10s(hosts, launcher):
+    marker = f"orphan-check-{launcher}-{os.getpid()}"
+    proc = start("-H", hosts, "--launcher", launcher, "--no-preflight", RANKS, "sleep", marker)
+    pids = read_until(proc, 4)
+    assert len(pids) == 4
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (alive(pids) or job_processes(marker)):
+        time.sleep(0.2)
+    assert alive(pids) == [] and job_processes(marker) == []
+
+
+def test_sigint_stops_every_node(hosts):
+    proc = start("-H", hosts, "--launcher", "pdsh", "--no-preflight", RANKS, "sleep")
+    pids = read_until(proc, 4)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert out.count("interrupted") == 4
+    assert alive(pids) == []
+
+
+def test_master_port_zero_picks_a_free_port(hosts):
+    done = dslaunch("-H", hosts, "--launcher", "ssh", "--no-preflight", "--master_port", "0",
+                    RANKS, "echo-args")
+    envs = [json.loads(line.split("ENV ", 1)[1]) for line in done.stdout.splitlines() if "ENV " in line]
+    ports = {e["MASTER_PORT"] for e in envs}
+    assert len(envs) == 4 and len(ports) == 1 and ports != {"0"}
+
+
+def test_node_whose_network_is_cut_ends_the_job(hosts):
+    proc = start("-H", hosts, "--launcher", "ssh", "--no-preflight", "--heartbeat_timeout", "3",
+                 RANKS, "sleep")
+    pids = read_until(proc, 4)
+    subprocess.run([CLUSTER, "cut", "2"], check=True, capture_output=True)
+    try:
+        began = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - began
+    finally:
+        subprocess.run([CLUSTER, "heal", "2"], check=True, capture_output=True)
+    assert proc.returncode != 0
+    assert "node 1 (node2) stopped answering" in err
+    assert took < 15, took
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and alive(pids):
+        time.sleep(0.2)
+    assert alive(pids) == []  # node2's agent stopped its own ranks when dslaunch went silent
