@@ -12,19 +12,15 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RANKS = os.path.join(ROOT, "tests", "scripts", "ranks.py")
-STATE = os.environ.get("DSL_CLUSTER_DIR", "/run/dslaunch-cluster")
 CLUSTER = os.path.join(ROOT, "scripts", "local-cluster")
 
-pytestmark = [pytest.mark.cluster,
-              pytest.mark.skipif(not os.path.isfile(os.path.join(STATE, "hostfile")),
-                                 reason="no local cluster (run: scripts/local-cluster up 3)")]
+pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture
-def hosts(tmp_path):
-    path = tmp_path / "hosts"
-    path.write_text("node1 slots=2\nnode2 slots=2\n")
-    return str(path)
+def hosts(healthy_cluster, tmp_path):
+    """Two healthy nodes of the test cluster (brought up by tests/cluster/conftest.py)."""
+    return str(healthy_cluster.hostfile(tmp_path / "hosts", 2))
 
 
 def dslaunch(*args, timeout=120, env=None):
