@@ -7,7 +7,7 @@ import sys
 
 from launcher import console
 from launcher.errors import UsageError
-from launcher.hostfile import load_hostfile
+from launcher.hostfile import Host, load_hostfile
 from launcher.machine import read_machine
 from launcher.plan import JobPlan, LaunchOptions, build_plan
 from launcher.planjson import plan_to_json
@@ -34,6 +34,8 @@ def run(flags: dict) -> int:
         raise UsageError("missing SCRIPT: what should every rank run?", hint="dslaunch [OPTIONS] train.py [ARGS]")
     machine = read_machine()
     hosts, _path = load_hostfile(options.hostfile)
+    if hosts is None and options.launcher == "slurm":
+        hosts = slurm_hosts(machine.environ, options.num_gpus)
     plan = build_plan(hosts, options, machine)
     if options.script:
         _check_script(options, plan)
@@ -56,6 +58,17 @@ def run(flags: dict) -> int:
         from launcher.checkcmd import run_fast_preflight
         run_fast_preflight(plan, hosts, options)
     return runner.launch(plan)
+
+
+def slurm_hosts(environ: dict[str, str], num_gpus: int | None) -> list[Host]:
+    """No hostfile under --launcher slurm: the allocation's nodes, in its order."""
+    from launcher.runners.slurm import allocation_slots, expand_hostlist
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    if not nodelist:
+        raise UsageError("--launcher slurm without a hostfile needs a Slurm allocation (SLURM_JOB_NODELIST)",
+                         hint="run inside salloc/sbatch, or give --hostfile")
+    slots = num_gpus or allocation_slots(environ)
+    return [Host(name, slots) for name in expand_hostlist(nodelist)]
 
 
 def _check_script(options: LaunchOptions, plan: JobPlan) -> None:

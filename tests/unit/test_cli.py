@@ -111,3 +111,19 @@ def test_python_dash_m_launcher_works(tmp_path):
     done = subprocess.run([sys.executable, "-m", "launcher", "--version"], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": ROOT})
     assert done.returncode == 0 and "dslaunch" in done.stdout
+
+
+def test_slurm_allocation_gives_the_nodes(run, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "gn[01-02]")
+    monkeypatch.setenv("SLURM_GPUS_ON_NODE", "4")
+    doc = json.loads(run("--launcher", "slurm", "--dry-run", "--json", "train.py").stdout)
+    assert (doc["master_addr"], doc["world_size"]) == ("gn01", 8)
+    assert doc["nodes"][1]["command"][:2] == ["srun", "--nodes"]
+    assert doc["nodes"][1]["ranks"][0]["env"]["RANK"] == "4"
+
+
+def test_slurm_outside_an_allocation_is_a_clear_error(run, monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
+    monkeypatch.delenv("SLURM_NODELIST", raising=False)
+    result = run("--launcher", "slurm", "--dry-run", "train.py")
+    assert result.exit_code == 2 and "needs a Slurm allocation" in result.output
