@@ -7,6 +7,7 @@ for ssh, pdsh, mpirun and srun.
 from __future__ import annotations
 
 import queue
+import re
 import secrets
 import signal
 import socket
@@ -187,6 +188,11 @@ class Controller:
     def _startup_problem(self, started: list[Started], deadline: float) -> str | None:
         for item in started:
             missing = [r for r in item.node_ranks if r not in self.channels]
+            failed = _hosts_pdsh_gave_up_on(item, [self.plan.nodes[r] for r in missing])
+            if failed:
+                time.sleep(0.2)
+                tail = "\n".join(f"    {line}" for line in item.tail)
+                return f"{item.label} could not start the agent on {', '.join(failed)}:\n{tail}"
             if missing and item.popen.poll() is not None:
                 time.sleep(0.2)  # let the output pump drain
                 tail = "\n".join(f"    {line}" for line in item.tail) or "    (no output)"
@@ -216,6 +222,18 @@ class Controller:
             console.say(f"stopped by {interrupted}; every rank on every node was stopped")
             return EXIT_SIGINT if interrupted == "SIGINT" else 128 + signal.SIGTERM
         return 0
+
+
+def _hosts_pdsh_gave_up_on(item: Started, nodes) -> list[str]:
+    """pdsh goes on with the other hosts when one fails; its 'ssh exited' line tells us."""
+    if not item.label.startswith("pdsh"):
+        return []
+    failed = []
+    for node in nodes:
+        pattern = re.compile(rf"(^|\s){re.escape(node.ssh_target)}: ssh exited with exit code \d+")
+        if any(pattern.search(line) for line in list(item.tail)):
+            failed.append(f"node {node.node_rank} ({node.host})")
+    return failed
 
 
 def _names(plan: JobPlan, node_ranks: list[int]) -> str:

@@ -63,6 +63,7 @@ class PreflightError(DslaunchError):
 
 
 class LaunchError(DslaunchError):
-    """The job could not be started (a runner program missing, a spawn failure)."""
+    """The job could not be started on some node (runner missing, agent failed to start)."""
 
     kind = "launch error"
+    exit_code = EXIT_PREFLIGHT

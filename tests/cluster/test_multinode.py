@@ -164,3 +164,21 @@ def test_node_whose_network_is_cut_ends_the_job(hosts):
     while time.monotonic() < deadline and alive(pids):
         time.sleep(0.2)
     assert alive(pids) == []  # node2's agent stopped its own ranks when dslaunch went silent
+
+
+@pytest.mark.parametrize("launcher", ["ssh", "pdsh"])
+def test_agent_that_cannot_start_is_named_quickly(hosts, launcher):
+    began = time.monotonic()
+    done = dslaunch("-H", hosts, "--launcher", launcher, "--no-preflight", "--remote_python", "/nonexistent/py",
+                    RANKS, "echo-args")
+    assert done.returncode == 3
+    assert "could not start the agent" in done.stderr or "before the agent of" in done.stderr
+    assert "/nonexistent/py: No such file or directory" in done.stderr
+    assert time.monotonic() - began < 15
+
+
+def test_preflight_failure_stops_the_launch_before_anything_starts(hosts):
+    done = dslaunch("-H", hosts, "--launcher", "ssh", "--remote_python", "/nonexistent/py", RANKS, "echo-args")
+    assert done.returncode == 3, done.stderr
+    assert "preflight failed; nothing was started" in done.stderr
+    assert "ARGS" not in done.stdout

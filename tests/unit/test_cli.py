@@ -127,3 +127,20 @@ def test_slurm_outside_an_allocation_is_a_clear_error(run, monkeypatch):
     monkeypatch.delenv("SLURM_NODELIST", raising=False)
     result = run("--launcher", "slurm", "--dry-run", "train.py")
     assert result.exit_code == 2 and "needs a Slurm allocation" in result.output
+
+
+@pytest.mark.parametrize("config, message", [
+    ('{"train_batch_size": 8, "zero_optimisation": {"stage": 2}}', "did you mean 'zero_optimization'"),
+    ('{"train_batch_size": 7, "train_micro_batch_size_per_gpu": 2}', "train_batch_size (7) is not equal"),
+])
+def test_dry_run_validates_the_engine_config_against_the_world_size(run, tmp_path, config, message):
+    path = write(tmp_path, "ds.json", config)
+    result = run("--num_gpus", "2", "--dry-run", "--config", path, "train.py")
+    assert result.exit_code == 2 and message in result.output
+
+
+def test_dry_run_accepts_a_good_config(run, tmp_path):
+    path = write(tmp_path, "ds.json", '{"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2}')
+    result = run("--num_gpus", "2", "--dry-run", "--json", "--config", path, "train.py")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["nodes"][0]["ranks"][0]["env"]["DSLAUNCH_CONFIG"] == path
