@@ -182,7 +182,7 @@ def _choose_launcher(options: LaunchOptions, hosts: list[Host], all_local: bool,
             raise UsageError(f"--launcher local cannot start ranks on other hosts: {', '.join(remote)}",
                              hint="use --launcher ssh or pdsh, or --include only this machine")
         return options.launcher
-    if len(hosts) == 1 and all_local:
+    if all_local:
         return "local"
     return "pdsh" if machine.pdsh_available else "ssh"
 

@@ -19,10 +19,11 @@ def render(plan: JobPlan, endpoint: ControlEndpoint | None = None) -> list[list[
 
 
 def launch(plan: JobPlan, grace: float = 3.0) -> int:
-    node = plan.nodes[0]
-    specs = rank_specs(node_to_json(node), plan.master_addr, plan.workdir, dict(os.environ))
+    specs = []
+    for node in plan.nodes:  # several "nodes" here only when a hostfile names this machine twice
+        specs += rank_specs(node_to_json(node), plan.master_addr, plan.workdir, dict(os.environ))
     supervisor = Supervisor(specs, on_output=console.print_rank_line, log_dir=plan.log_dir, grace=grace,
-                            host=node.host)
+                            host=plan.nodes[0].host)
     handlers = _install_signal_handlers(supervisor)
     try:
         supervisor.start()

@@ -110,3 +110,11 @@ def test_log_dir_gets_one_file_per_rank(tmp_path):
     assert done.returncode == 0
     assert sorted(os.listdir(tmp_path)) == ["rank_0.log", "rank_1.log"]
     assert "ARGS" in (tmp_path / "rank_1.log").read_text()
+
+
+def test_hostfile_naming_this_machine_twice_runs_both_nodes(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost slots=1\n127.0.0.1 slots=2\n")
+    done = dslaunch("-H", str(hosts), "examples/hello_dist.py")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("all_reduce sum = 6 (expected 6)") == 3

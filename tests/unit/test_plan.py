@@ -118,3 +118,11 @@ def test_master_port_replacement():
 def test_config_is_handed_to_ranks():
     env = plan_for(config="ds.json").nodes[0].ranks[0].env
     assert env["DSLAUNCH_CONFIG"] == "/work/ds.json"
+
+
+def test_hosts_that_are_all_this_machine_run_locally_with_ranks_in_node_order():
+    hosts = parse_hostfile("localhost slots=1\n127.0.0.1 slots=2\n", "h")
+    plan = build_plan(hosts, LaunchOptions(script="t.py"), machine())
+    assert plan.launcher == "local"
+    assert [(n.node_rank, [r.rank for r in n.ranks]) for n in plan.nodes] == [(0, [0]), (1, [1, 2])]
+    assert plan.nodes[1].ranks[1].env["NODE_RANK"] == "1"
