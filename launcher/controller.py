@@ -268,3 +268,12 @@ def spawn_runner(label: str, argv: list[str], env: dict[str, str] | None, node_r
         raise LaunchError(f"'{argv[0]}' is not installed on this machine",
                           hint="install it, or choose another --launcher") from None
     return Started(label=label, popen=popen, node_ranks=node_ranks)
+
+
+def launch_one_runner(plan: JobPlan, label: str, command: Callable[[JobPlan, ControlEndpoint], list[str]],
+                      env: dict[str, str]) -> int:
+    """Run a job whose agents are all started by one process (pdsh, mpirun, srun)."""
+    def start(endpoint: ControlEndpoint) -> list[Started]:
+        ranks = tuple(n.node_rank for n in plan.nodes)
+        return [spawn_runner(label, command(plan, endpoint), env, ranks)]
+    return Controller(plan).run(start)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shlex
 
-from launcher.controller import Controller, spawn_runner
+from launcher.controller import launch_one_runner
 from launcher.plan import JobPlan
 from launcher.runners.base import ControlEndpoint, agent_argv
 
@@ -32,7 +32,4 @@ def render(plan: JobPlan, endpoint: ControlEndpoint) -> list[list[str]]:
 
 
 def launch(plan: JobPlan) -> int:
-    def start(endpoint: ControlEndpoint):
-        ranks = tuple(n.node_rank for n in plan.nodes)
-        return [spawn_runner("mpirun", command(plan, endpoint), dict(os.environ), ranks)]
-    return Controller(plan).run(start)
+    return launch_one_runner(plan, "mpirun", command, dict(os.environ))

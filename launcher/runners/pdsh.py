@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import shlex
 
-from launcher.controller import Controller, spawn_runner
+from launcher.controller import launch_one_runner
 from launcher.errors import UsageError
 from launcher.plan import JobPlan
 from launcher.runners.base import ControlEndpoint, agent_argv, remote_shell_command
@@ -41,9 +41,4 @@ def runner_env(plan: JobPlan, environ: dict[str, str]) -> dict[str, str]:
 
 
 def launch(plan: JobPlan) -> int:
-    env = runner_env(plan, dict(os.environ))
-
-    def start(endpoint: ControlEndpoint):
-        ranks = tuple(n.node_rank for n in plan.nodes)
-        return [spawn_runner("pdsh", command(plan, endpoint), env, ranks)]
-    return Controller(plan).run(start)
+    return launch_one_runner(plan, "pdsh", command, runner_env(plan, dict(os.environ)))

@@ -9,7 +9,7 @@ import os
 import re
 import shlex
 
-from launcher.controller import Controller, spawn_runner
+from launcher.controller import launch_one_runner
 from launcher.errors import UsageError
 from launcher.plan import JobPlan
 from launcher.runners.base import ControlEndpoint, agent_argv
@@ -73,7 +73,4 @@ def render(plan: JobPlan, endpoint: ControlEndpoint) -> list[list[str]]:
 
 
 def launch(plan: JobPlan) -> int:
-    def start(endpoint: ControlEndpoint):
-        ranks = tuple(n.node_rank for n in plan.nodes)
-        return [spawn_runner("srun", command(plan, endpoint), dict(os.environ), ranks)]
-    return Controller(plan).run(start)
+    return launch_one_runner(plan, "srun", command, dict(os.environ))
