@@ -1,0 +1,179 @@
+"""Peak memory and step time of the benchmark GPT with and without activation checkpointing.
+
+    python scripts/bench_activation_ckpt.py                          # GPU: the 406M GPT, batches 8,16,32
+    python scripts/bench_activation_ckpt.py --batch-sizes 32        # one batch size
+    python scripts/bench_activation_ckpt.py --tiny --steps 2        # CPU smoke run
+
+One training step = forward, backward, AdamW step. For every batch size the same model and
+optimizer are measured twice: plain, then with every block checkpointed
+(launcher.zero.checkpointing.checkpoint_blocks). Reported per run:
+- peak_bytes: CUDA max_memory_allocated over the timed steps (GPU only; null on CPU);
+- saved_activation_bytes: bytes autograd holds for backward at the end of forward, counted
+  through a saved-tensors hook (parameters excluded, shared storage counted once): works on
+  CPU too and is the part checkpointing shrinks;
+- step_ms: median step time (CUDA events on GPU, perf_counter on CPU).
+Prints one JSON document; `ratios` compares checkpointed to plain (targets on the GPU:
+peak <= 0.5, step time cost < 40%).
+"""
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]
+
+import torch  # noqa: E402
+from bench_model import GPT, TINY, GPTConfig  # noqa: E402
+
+from launcher.zero import checkpointing  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch-sizes", default="8,16,32", help="comma-separated micro-batch sizes")
+    p.add_argument("--steps", type=int, default=5, help="timed steps per run (after one warm-up step)")
+    p.add_argument("--n-layer", type=int, default=GPTConfig.n_layer)
+    p.add_argument("--n-embd", type=int, default=GPTConfig.n_embd)
+    p.add_argument("--n-head", type=int, default=GPTConfig.n_head)
+    p.add_argument("--seq-len", type=int, default=GPTConfig.seq_len)
+    p.add_argument("--vocab-size", type=int, default=GPTConfig.vocab_size)
+    p.add_argument("--tiny", action="store_true", help="bench_model.TINY, for CPU smoke runs")
+    p.add_argument("--dtype", choices=("bf16", "fp32"), default=None, help="autocast dtype (default bf16 on CUDA)")
+    p.add_argument("--cpu-checkpointing", action="store_true", help="also offload checkpoints to CPU")
+    p.add_argument("--device", default=None)
+    return p.parse_args(argv)
+
+
+class SavedBytes:
+    """Counts the distinct non-parameter storage autograd saves for backward."""
+
+    def __init__(self, params):
+        self.param_ptrs = {p.untyped_storage().data_ptr() for p in params}
+        self.storages = {}
+
+    def pack(self, tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in self.param_ptrs:
+            self.storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    def total(self):
+        return sum(self.storages.values())
+
+
+class Timer:
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+
+    def __enter__(self):
+        if self.cuda:
+            self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            self.end.record()
+            torch.cuda.synchronize()
+            self.ms = self.start.elapsed_time(self.end)
+        else:
+            self.ms = (time.perf_counter() - self.t0) * 1e3
+
+
+def train_step(model, opt, batch, autocast_dtype, device, counter=None):
+    idx, targets = batch
+    with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+        if counter is None:
+            loss = model(idx, targets)
+        else:
+            with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
+                loss = model(idx, targets)
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
+def measure(model, opt, batch, args, device, autocast_dtype):
+    """One warm-up step, one counted step, then args.steps timed steps."""
+    train_step(model, opt, batch, autocast_dtype, device)
+    counter = SavedBytes(model.parameters())
+    train_step(model, opt, batch, autocast_dtype, device, counter)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+    times = []
+    for _ in range(args.steps):
+        with Timer(device) as timer:
+            train_step(model, opt, batch, autocast_dtype, device)
+        times.append(timer.ms)
+    result = {"step_ms": statistics.median(times), "saved_activation_bytes": counter.total(),
+              "peak_bytes": None, "steady_bytes": None}
+    if device.type == "cuda":
+        result.update(peak_bytes=torch.cuda.max_memory_allocated(device), steady_bytes=before)
+    return result
+
+
+def run_one(model, opt, config, batch_size, args, device, autocast_dtype, checkpointed):
+    if checkpointed:
+        checkpointing.configure(None, checkpoint_in_cpu=args.cpu_checkpointing)
+        checkpointing.checkpoint_blocks(model)
+    else:
+        checkpointing.uncheckpoint_blocks(model)
+    gen = torch.Generator().manual_seed(0)
+    idx = torch.randint(config.vocab_size, (batch_size, config.seq_len + 1), generator=gen).to(device)
+    try:
+        return measure(model, opt, (idx[:, :-1], idx[:, 1:]), args, device, autocast_dtype)
+    except torch.OutOfMemoryError as exc:
+        opt.zero_grad(set_to_none=True)
+        return {"error": "out of memory", "detail": str(exc).splitlines()[0]}
+    finally:
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def ratios(plain, ckpt):
+    if "error" in plain or "error" in ckpt:
+        return None
+    out = {"step_time": ckpt["step_ms"] / plain["step_ms"],
+           "saved_activation": ckpt["saved_activation_bytes"] / max(1, plain["saved_activation_bytes"])}
+    if plain["peak_bytes"]:
+        out["peak"] = ckpt["peak_bytes"] / plain["peak_bytes"]
+    return out
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype_name = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
+    autocast_dtype = torch.bfloat16 if dtype_name == "bf16" else None
+    config = TINY if args.tiny else GPTConfig(args.n_layer, args.n_embd, args.n_head, args.seq_len, args.vocab_size)
+    torch.manual_seed(0)
+    model = GPT(config).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if device.type == "cuda" else {}))
+    runs = []
+    for batch_size in (int(b) for b in args.batch_sizes.split(",")):
+        plain = run_one(model, opt, config, batch_size, args, device, autocast_dtype, checkpointed=False)
+        ckpt = run_one(model, opt, config, batch_size, args, device, autocast_dtype, checkpointed=True)
+        runs.append({"batch_size": batch_size, "plain": plain, "checkpointed": ckpt, "ratios": ratios(plain, ckpt)})
+    report = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__, "dtype": dtype_name, "model": dataclasses.asdict(config),
+        "params": sum(p.numel() for p in model.parameters()), "seq_len": config.seq_len,
+        "cpu_checkpointing": args.cpu_checkpointing, "runs": runs,
+        "targets": {"peak_ratio_max": 0.5, "step_time_ratio_max": 1.4},
+    }
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
