@@ -1,0 +1,70 @@
+"""`dslaunch --check` and the pre-launch preflight through the real CLI on the test cluster."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def dslaunch(*args, timeout=60, cwd=REPO):
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "launcher", *map(str, args)], capture_output=True,
+                         text=True, timeout=timeout, cwd=cwd)
+    return out, time.monotonic() - started
+
+
+def test_check_on_a_healthy_cluster_exits_0_in_a_few_seconds(cluster_hostfile):
+    out, elapsed = dslaunch("--hostfile", cluster_hostfile(3), "--check", "--master_port", 29518)
+    print(f"\ndslaunch --check, 3 healthy nodes: {elapsed:.2f} s")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "preflight ok: 3 host(s) passed every check" in out.stdout
+    assert "Traceback" not in out.stderr
+    assert elapsed < 8.0
+
+
+def test_check_with_two_broken_nodes_exits_3_naming_both(healthy_cluster, cluster_hostfile):
+    hostfile = cluster_hostfile(3)
+    with healthy_cluster.broken(2, "stop"), healthy_cluster.broken(3, "lock"):
+        out, elapsed = dslaunch("--hostfile", hostfile, "--check", "--master_port", 29518)
+    print(f"\ndslaunch --check, 3 nodes, 2 broken: {elapsed:.2f} s")
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "preflight failed on 2 of 3 host(s): node2, node3" in out.stdout
+    assert "node2 ssh: connection refused by 10.213.0.2:22" in out.stdout
+    assert "node3 ssh: authentication failed for root@10.213.0.3:22" in out.stdout
+    assert "hint: install your public key on node3: ssh-copy-id" in out.stdout
+    assert "Traceback" not in out.stderr
+    assert elapsed < 15.0
+
+
+def test_check_json_is_the_contract_document(healthy_cluster, cluster_hostfile):
+    with healthy_cluster.broken(2, "stop"):
+        out, _ = dslaunch("--hostfile", cluster_hostfile(2), "--check", "--json",
+                          "--master_port", 29518)
+    assert out.returncode == 3
+    doc = json.loads(out.stdout)
+    assert doc["ok"] is False
+    assert [(h["host"], h["ok"]) for h in doc["hosts"]] == [("node1", True), ("node2", False)]
+    for host in doc["hosts"]:
+        for check in host["checks"]:
+            assert set(check) == {"name", "ok", "detail", "hint"}
+    names = {c["name"] for c in doc["hosts"][0]["checks"]}
+    assert {"ssh", "python", "torch", "dslaunch", "gpus", "workdir", "master_port"} <= names
+    failed = [c for c in doc["hosts"][1]["checks"] if not c["ok"]]
+    assert [c["name"] for c in failed] == ["ssh"] and "refused" in failed[0]["detail"]
+
+
+def test_a_launch_stops_before_starting_anything_when_a_node_fails(healthy_cluster,
+                                                                   cluster_hostfile, tmp_path):
+    marker = tmp_path / "started"
+    script = tmp_path / "touch.py"
+    script.write_text(f"open({str(marker)!r} + __import__('os').environ['RANK'], 'w').close()\n")
+    with healthy_cluster.broken(2, "lock"):
+        out, _ = dslaunch("--hostfile", cluster_hostfile(2), "--master_port", 29518, script,
+                          cwd=tmp_path)
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "node2" in out.stderr and "authentication failed" in out.stderr
+    assert not list(tmp_path.glob("started*"))  # not even node1's ranks ran
