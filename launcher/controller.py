@@ -207,6 +207,7 @@ class Controller:
         for node in self.plan.nodes:
             heard = self.last_heard.get(node.node_rank, now)
             if node.node_rank not in self.done and now - heard > self.plan.heartbeat_timeout:
+                self.done.add(node.node_rank)  # nothing more will come from it: do not wait for it
                 return f"node {node.node_rank} ({node.host})"
         return None
 
