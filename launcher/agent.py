@@ -63,7 +63,7 @@ class Agent:
         if not os.path.isdir(job["workdir"]):
             self.channel.send({"type": "error", "message": f"workdir {job['workdir']} does not exist on this node"})
             return 1
-        specs = rank_specs(node, job["master_addr"], job["workdir"], dict(os.environ))
+        specs = rank_specs(node, job["master_addr"], job["workdir"], dict(os.environ), remap_devices=True)
         self.supervisor = Supervisor(specs, on_output=self._send_output, on_exit=self._send_exit,
                                      log_dir=job.get("log_dir"), grace=float(job.get("grace", 3.0)),
                                      host=node["host"])

@@ -98,6 +98,10 @@ class Controller:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
             self.listener.close()
+            if len(self.done) == len(self.plan.nodes):
+                # every agent is done: let srun/pdsh/mpirun notice and end by themselves
+                # (srun cancels a finished step noisily when signalled)
+                _wait_for_exit([s.popen for s in started], timeout=5.0)
             stop_processes([s.popen for s in started], grace=2.0)
 
     def _supervise(self, started: list[Started], stop_reason: dict) -> int:
@@ -235,6 +239,15 @@ def _hosts_pdsh_gave_up_on(item: Started, nodes) -> list[str]:
         if any(pattern.search(line) for line in list(item.tail)):
             failed.append(f"node {node.node_rank} ({node.host})")
     return failed
+
+
+def _wait_for_exit(popens: list[subprocess.Popen], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    for popen in popens:
+        try:
+            popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return
 
 
 def _names(plan: JobPlan, node_ranks: list[int]) -> str:

@@ -54,7 +54,8 @@ def run(flags: dict) -> int:
         return 0
     for note in plan.notes:
         console.say(note)
-    if plan.is_multi_node and not flags.get("no_preflight"):
+    # Slurm starts the agents itself: its nodes need not accept ssh, so no ssh preflight
+    if plan.is_multi_node and plan.launcher != "slurm" and not flags.get("no_preflight"):
         from launcher.checkcmd import run_fast_preflight
         run_fast_preflight(plan, hosts, options)
     return runner.launch(plan)
@@ -67,8 +68,9 @@ def slurm_hosts(environ: dict[str, str], num_gpus: int | None) -> list[Host]:
     if not nodelist:
         raise UsageError("--launcher slurm without a hostfile needs a Slurm allocation (SLURM_JOB_NODELIST)",
                          hint="run inside salloc/sbatch, or give --hostfile")
-    slots = num_gpus or allocation_slots(environ)
-    return [Host(name, slots) for name in expand_hostlist(nodelist)]
+    names = expand_hostlist(nodelist)
+    per_node = [num_gpus] * len(names) if num_gpus else allocation_slots(environ, len(names))
+    return [Host(name, slots) for name, slots in zip(names, per_node)]
 
 
 def _check_script(options: LaunchOptions, plan: JobPlan) -> None:

@@ -27,11 +27,39 @@ def runtime_env(plan_env: dict[str, str], inherited: dict[str, str], local_world
     return env
 
 
-def rank_specs(node: dict, master_addr: str, workdir: str, inherited: dict[str, str]) -> list[RankSpec]:
-    """RankSpecs for a node given as its JSON form (see planjson.node_to_json)."""
+def visible_devices(slot_ids: str, node_visible: str | None) -> str:
+    """Slot ids are positions in the node's own CUDA_VISIBLE_DEVICES when it has one.
+
+    A scheduler (Slurm without device cgroups, a container runtime) may give a node
+    GPUs 2,3: slot 0 is then GPU 2, never GPU 0.
+    """
+    if not node_visible:
+        return slot_ids
+    devices = [d.strip() for d in node_visible.split(",") if d.strip()]
+    picked = []
+    for slot in slot_ids.split(","):
+        if not slot.isdigit() or int(slot) >= len(devices):
+            return slot_ids
+        picked.append(devices[int(slot)])
+    return ",".join(picked)
+
+
+def rank_specs(node: dict, master_addr: str, workdir: str, inherited: dict[str, str],
+               remap_devices: bool = False) -> list[RankSpec]:
+    """RankSpecs for a node given as its JSON form (see planjson.node_to_json).
+
+    `remap_devices` is for agents on other nodes; on the launching machine the plan's
+    slot ids are already this machine's visible GPU ids.
+    """
     ranks = node["ranks"]
     ifname = interface_toward(master_addr)
     cpu_count = os.cpu_count() or 1
-    return [RankSpec(rank=r["rank"], local_rank=r["local_rank"], argv=tuple(r["argv"]),
-                     env=runtime_env(r["env"], inherited, len(ranks), ifname, cpu_count), cwd=workdir)
-            for r in ranks]
+    specs = []
+    for r in ranks:
+        env = runtime_env(r["env"], inherited, len(ranks), ifname, cpu_count)
+        if remap_devices and "CUDA_VISIBLE_DEVICES" in r["env"]:
+            env["CUDA_VISIBLE_DEVICES"] = visible_devices(r["env"]["CUDA_VISIBLE_DEVICES"],
+                                                          inherited.get("CUDA_VISIBLE_DEVICES"))
+        specs.append(RankSpec(rank=r["rank"], local_rank=r["local_rank"], argv=tuple(r["argv"]), env=env,
+                              cwd=workdir))
+    return specs

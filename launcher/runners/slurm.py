@@ -50,13 +50,29 @@ def _split_top(text: str) -> list[str]:
     return items
 
 
-def allocation_slots(environ: dict[str, str]) -> int:
-    """Slots per node in the allocation: GPUs on the node, else tasks per node, else 1."""
-    for name in ("SLURM_GPUS_ON_NODE", "SLURM_NTASKS_PER_NODE"):
-        value = environ.get(name, "")
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    return 1
+def allocation_slots(environ: dict[str, str], num_nodes: int) -> list[int]:
+    """Slots of each allocated node: GPUs on the node, else the tasks Slurm gave it, else 1."""
+    gpus = environ.get("SLURM_GPUS_ON_NODE", "")
+    if gpus.isdigit() and int(gpus) > 0:
+        return [int(gpus)] * num_nodes
+    tasks = expand_tasks_per_node(environ.get("SLURM_TASKS_PER_NODE", ""))
+    if len(tasks) == num_nodes:
+        return tasks
+    per_node = environ.get("SLURM_NTASKS_PER_NODE", "")
+    if per_node.isdigit() and int(per_node) > 0:
+        return [int(per_node)] * num_nodes
+    return [1] * num_nodes
+
+
+def expand_tasks_per_node(text: str) -> list[int]:
+    """Slurm's '2(x3),1' -> [2, 2, 2, 1]; anything unreadable -> []."""
+    counts: list[int] = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item)
+        if not match:
+            return []
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
 
 
 def command(plan: JobPlan, endpoint: ControlEndpoint) -> list[str]:

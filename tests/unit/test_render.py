@@ -72,10 +72,21 @@ def test_slurm_hostlist(text, hosts):
     assert slurm.expand_hostlist(text) == hosts
 
 
-def test_slurm_slots():
-    assert slurm.allocation_slots({"SLURM_GPUS_ON_NODE": "8"}) == 8
-    assert slurm.allocation_slots({"SLURM_NTASKS_PER_NODE": "2"}) == 2
-    assert slurm.allocation_slots({}) == 1
+@pytest.mark.parametrize("environ, slots", [
+    ({"SLURM_GPUS_ON_NODE": "8"}, [8, 8]),
+    ({"SLURM_TASKS_PER_NODE": "3,1", "SLURM_NTASKS": "4"}, [3, 1]),
+    ({"SLURM_TASKS_PER_NODE": "2(x2)"}, [2, 2]),
+    ({"SLURM_NTASKS_PER_NODE": "2"}, [2, 2]),
+    ({"SLURM_TASKS_PER_NODE": "junk", "SLURM_NTASKS_PER_NODE": "3"}, [3, 3]),
+    ({}, [1, 1]),
+])
+def test_slurm_slots(environ, slots):
+    assert slurm.allocation_slots(environ, 2) == slots
+
+
+def test_slurm_tasks_per_node():
+    assert slurm.expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert slurm.expand_tasks_per_node("") == []
 
 
 def test_local_renders_no_node_command():
