@@ -1,0 +1,47 @@
+"""The bundled ZeRO training engine, with DeepSpeed's API: ``from launcher import zero``.
+
+    engine, optimizer, dataloader, lr_scheduler = zero.initialize(model=model, config="ds.json")
+
+Importing this package is torch-free (the launcher validates configs with it); everything that
+needs torch is imported on first use through the module ``__getattr__`` below, so a missing
+optional piece (ZeRO-3, sparse attention, ...) fails only when it is used.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from launcher.zero.errors import CheckpointError, ConfigError
+
+# name -> (module, attribute or None for the module itself)
+_LAZY = {
+    "initialize": ("launcher.zero.api", "initialize"),
+    "init_distributed": ("launcher.zero.dist", "init_distributed"),
+    "ZeroEngine": ("launcher.zero.engine", "ZeroEngine"),
+    "get_fp32_state_dict_from_zero_checkpoint": ("launcher.zero.consolidate", "get_fp32_state_dict_from_zero_checkpoint"),
+    "convert_zero_checkpoint_to_fp32_state_dict": ("launcher.zero.consolidate", "convert_zero_checkpoint_to_fp32_state_dict"),
+    "load_state_dict_from_zero_checkpoint": ("launcher.zero.consolidate", "load_state_dict_from_zero_checkpoint"),
+    "load_config": ("launcher.zero.config", "load_config"),
+    "checkpointing": ("launcher.zero.checkpointing", None),
+    "sparse_attention": ("launcher.zero.sparse_attention", None),
+    "Init": ("launcher.zero.init_context", "Init"),
+    "GatheredParameters": ("launcher.zero.init_context", "GatheredParameters"),
+    "estimate_memory": ("launcher.zero.estimate", "estimate_memory"),
+}
+
+__all__ = ["ConfigError", "CheckpointError", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module_name, attribute = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'launcher.zero' has no attribute '{name}'") from None
+    module = importlib.import_module(module_name)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,106 @@
+"""``zero.initialize``: assemble config, process group, optimizer, strategy and scheduler.
+
+Validate eagerly (the whole config before any tensor moves), build lazily (the stage's module is
+imported only when the config names it).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from launcher.zero.config import load_config
+from launcher.zero.dist import DistContext, context_from_group, init_distributed
+from launcher.zero.engine import EngineParts, ZeroEngine
+from launcher.zero.errors import ConfigError
+from launcher.zero.loss_scaler import LossScaler, rules_from_config
+from launcher.zero.monitor import Monitor
+from launcher.zero.optim import build_optimizer, check_zero_support
+from launcher.zero.precision import precision_policy
+from launcher.zero.sched import build_scheduler
+from launcher.zero.strategy import StrategyContext, resolve_strategy
+
+
+def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, model_parameters=None,
+               training_data=None, lr_scheduler=None, distributed_port=None, mpu=None, dist_init_required=None,
+               collate_fn=None, config=None, config_params=None, process_group=None):
+    """DeepSpeed's ``initialize``: returns ``(engine, optimizer, training_dataloader, lr_scheduler)``.
+
+    ``config``: a dict or a JSON/YAML path (else ``config_params``, ``args.deepspeed_config``,
+    or the launcher's ``DSLAUNCH_CONFIG``). ``optimizer`` / ``lr_scheduler``: objects, or
+    callables receiving the parameters / the optimizer; they win over the config's sections.
+    ``process_group``: run on this group instead of starting torch.distributed from the env.
+    """
+    if model is None:
+        raise ConfigError("zero.initialize: model is required", hint="zero.initialize(model=model, config=...)")
+    if mpu is not None:
+        raise ConfigError("zero.initialize: model parallelism (mpu) is not supported", hint="remove mpu=")
+    source = _config_source(config, config_params, args)
+    dist_context = context_from_group(process_group) if process_group is not None else init_distributed()
+    cfg = load_config(source, world_size=dist_context.world_size)
+    precision = precision_policy(cfg)
+    model.to(device=dist_context.device, dtype=precision.param_dtype)
+
+    params = list(model_parameters) if model_parameters is not None else list(model.parameters())
+    optimizer = _build_optimizer(optimizer, params, cfg, dist_context)
+    check_zero_support(optimizer, cfg.zero_stage, cfg.zero_allow_untested_optimizer)
+    handles_comm = bool(getattr(optimizer, "handles_gradient_communication", False))
+    if handles_comm and cfg.zero_stage != 0:
+        raise ConfigError(f"optimizer {type(optimizer).__name__} does its own gradient communication and needs "
+                          f"zero_optimization.stage 0 (got {cfg.zero_stage})", hint="set zero_optimization.stage to 0")
+    strategy_cls = resolve_strategy(cfg.zero_stage, offload=cfg.zero_optimization.offload_optimizer_active)
+    strategy = strategy_cls(StrategyContext(config=cfg, dist=dist_context, precision=precision,
+                                            reduce_gradients=not handles_comm))
+    strategy.setup(model, optimizer)
+    scheduler = _build_scheduler(lr_scheduler, optimizer, cfg)
+    scaler = LossScaler(rules_from_config(cfg.fp16, cfg.zero_stage)) if cfg.fp16.enabled else None
+    monitor = Monitor(cfg, dist_context.rank)
+    for name in cfg.unsupported:
+        monitor.log(f"config section '{name}' is accepted but has no effect in this engine")
+    dataloader = None
+    if training_data is not None:
+        from launcher.zero.data import build_dataloader
+
+        dataloader = build_dataloader(training_data, cfg, dist_context, collate_fn)
+    engine = ZeroEngine(EngineParts(module=model, optimizer=optimizer, lr_scheduler=scheduler, config=cfg,
+                                    dist=dist_context, precision=precision, strategy=strategy,
+                                    loss_scaler=scaler, monitor=monitor, dataloader=dataloader))
+    return engine, optimizer, dataloader, scheduler
+
+
+def _config_source(config, config_params, args) -> Any:
+    for candidate in (config, config_params, getattr(args, "deepspeed_config", None), os.environ.get("DSLAUNCH_CONFIG")):
+        if candidate is not None and candidate != "":
+            return candidate
+    raise ConfigError("zero.initialize: no config given",
+                      hint='pass config="ds_config.json" (or a dict), or launch with dslaunch --config PATH')
+
+
+def _build_optimizer(optimizer, params, cfg, dist_context: DistContext) -> torch.optim.Optimizer:
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return optimizer
+    if callable(optimizer):
+        built = optimizer(params)
+        if not isinstance(built, torch.optim.Optimizer):
+            raise ConfigError("optimizer: the callable did not return a torch.optim.Optimizer",
+                              hint="optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)")
+        return built
+    if optimizer is not None:
+        raise ConfigError(f"optimizer: expected an optimizer or a callable, got {type(optimizer).__name__}", hint=None)
+    if cfg.optimizer is None:
+        raise ConfigError("no optimizer: the config has no 'optimizer' section and none was passed",
+                          hint='add "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}} or pass optimizer=')
+    return build_optimizer(cfg.optimizer, params, process_group=dist_context.group)
+
+
+def _build_scheduler(lr_scheduler, optimizer, cfg):
+    if lr_scheduler is not None:
+        if hasattr(lr_scheduler, "step"):
+            return lr_scheduler
+        if callable(lr_scheduler):
+            return lr_scheduler(optimizer)
+        raise ConfigError(f"lr_scheduler: expected a scheduler or a callable, got {type(lr_scheduler).__name__}", hint=None)
+    if cfg.scheduler is not None:
+        return build_scheduler(optimizer, cfg.scheduler)
+    return None

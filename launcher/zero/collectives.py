@@ -1,0 +1,47 @@
+"""Thin wrappers over torch.distributed that hide version differences and dtype changes."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from launcher.zero.dist import DistContext
+
+
+def all_gather_into(output: torch.Tensor, shard: torch.Tensor, ctx: DistContext) -> None:
+    """Concatenate every rank's equal-size ``shard`` into ``output`` (rank order)."""
+    if ctx.world_size == 1:
+        output.copy_(shard)
+        return
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(output, shard.contiguous(), group=ctx.group)
+
+
+def all_reduce_async(tensor: torch.Tensor, ctx: DistContext):
+    """Sum ``tensor`` over the group in place; returns a work handle (or None at world size 1)."""
+    if ctx.world_size == 1:
+        return None
+    return dist.all_reduce(tensor, group=ctx.group, async_op=True)
+
+
+def reduce_async(tensor: torch.Tensor, owner: int, ctx: DistContext):
+    """Sum ``tensor`` into rank ``owner``'s copy; other ranks' copies are left undefined."""
+    if ctx.world_size == 1:
+        return None
+    dst = owner if ctx.group is None else dist.get_global_rank(ctx.group, owner)
+    return dist.reduce(tensor, dst=dst, group=ctx.group, async_op=True)
+
+
+def wait(handles) -> None:
+    for handle in handles:
+        if handle is not None:
+            handle.wait()
+
+
+def gradient_scales(config, world_size: int) -> tuple[float, float]:
+    """(factor before, factor after) the sum-reduction, DeepSpeed's pre/postscale rule."""
+    if config.gradient_allreduce_op == "sum":
+        return 1.0, 1.0
+    if config.prescale_gradients:
+        return 1.0 / world_size, 1.0
+    predivide = config.gradient_predivide_factor
+    return 1.0 / predivide, predivide / world_size

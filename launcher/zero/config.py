@@ -1,0 +1,272 @@
+"""Load and validate the engine config (dict, JSON or YAML path) into frozen dataclasses.
+
+Torch-free, so that `dslaunch --dry-run --config` can run the same checks as the ranks.
+Rules (DeepSpeed 0.19.8, reference §1): the batch triplet, `"auto"` dropped to the default inside
+sections and derived for batch keys, unknown keys rejected with the close match suggested.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import os
+from typing import Any, Mapping
+
+from launcher.zero.config_schema import (
+    ACCEPTED_UNSUPPORTED, NamedConfig, ZeroConfig,
+)
+from launcher.zero.errors import ConfigError
+
+__all__ = ["load_config", "resolve_batch", "ZeroConfig", "ConfigError"]
+
+BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+def load_config(source: Any, world_size: int | None = None) -> ZeroConfig:
+    """Parse and validate a config; with ``world_size`` also resolve and check the batch triplet.
+
+    ``source``: a dict, a path (str or PathLike) to a JSON or YAML file, or a ZeroConfig.
+    Every error is a ConfigError whose message names the key.
+    """
+    if isinstance(source, ZeroConfig):
+        config = source
+    else:
+        raw = _read_source(source)
+        config = build_config(raw)
+    if world_size is not None:
+        config = resolve_batch(config, world_size)
+    return config
+
+
+def _read_source(source: Any) -> dict:
+    if isinstance(source, Mapping):
+        return dict(source)
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if not os.path.isfile(path):
+            raise ConfigError(f"config file not found: {path}", hint="pass the path of a JSON or YAML file")
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+        data = _parse_text(text, path)
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the config must be a mapping of keys, got {type(data).__name__}",
+                              hint='start the file with "{" (JSON) or "key: value" lines (YAML)')
+        return data
+    raise ConfigError(f"config: expected a dict or a file path, got {type(source).__name__}",
+                      hint='config="ds_config.json" or config={"train_batch_size": 8}')
+
+
+def _parse_text(text: str, path: str) -> Any:
+    if path.endswith((".yaml", ".yml")):
+        import yaml
+
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{path}: not valid YAML: {error}", hint="check indentation and quoting") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{path}:{error.lineno}: not valid JSON: {error.msg}",
+                          hint="JSON needs double quotes and no trailing commas") from None
+
+
+# ---- the generic, metadata-driven builder -----------------------------------------------------
+def build_config(raw: dict) -> ZeroConfig:
+    """Check every key of ``raw`` against ZeroConfig and build it (batch keys unresolved)."""
+    raw = dict(raw)
+    zero = raw.get("zero_optimization")
+    if isinstance(zero, bool):  # legacy: "zero_optimization": true means stage 1
+        raw["zero_optimization"] = {"stage": 1 if zero else 0}
+    zero = raw.get("zero_optimization")
+    if isinstance(zero, Mapping) and zero.get("cpu_offload") is True and "offload_optimizer" not in zero:
+        raw["zero_optimization"] = {**zero, "offload_optimizer": {"device": "cpu"}}
+    unsupported = {key: raw.pop(key) for key in list(raw) if key in ACCEPTED_UNSUPPORTED}
+    values = _build_section(ZeroConfig, raw, "")
+    config = ZeroConfig(**values, unsupported=unsupported, raw=_jsonable(raw))
+    _check_semantics(config)
+    return config
+
+
+def _build_section(cls: type, raw: Any, prefix: str) -> dict:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {_show(raw)}",
+                          hint=f'write it as {{"key": value}}')
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.metadata.get("kind") != "internal"}
+    aliases = {alias: f.name for f in fields.values() for alias in f.metadata.get("aliases", ())}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        name = aliases.get(key, key)
+        if name not in fields:
+            known = sorted(set(fields) | set(aliases))
+            close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+            hint = f"did you mean '{prefix}{close[0]}'?" if close else f"known keys: {', '.join(known)}"
+            raise ConfigError(f"unknown config key '{prefix}{key}'", hint=hint)
+        if name in values:
+            raise ConfigError(f"config key '{prefix}{key}' given twice (also as an alias)",
+                              hint=f"keep only '{prefix}{name}'")
+        meta = fields[name].metadata
+        if value == "auto" and not meta.get("batch"):
+            continue  # as DeepSpeed's sub-configs: "auto" falls back to the default
+        values[name] = _convert(value, meta, f"{prefix}{name}")
+    return values
+
+
+def _convert(value: Any, meta: Mapping, key: str) -> Any:
+    kind = meta["kind"]
+    if value is None:
+        if meta.get("nullable"):
+            return None
+        raise ConfigError(f"{key}: null is not allowed", hint=f"remove '{key}' to get the default")
+    if meta.get("batch") and value == "auto":
+        return "auto"
+    if kind == "section":
+        section = meta["section"]
+        if section is NamedConfig:
+            return _named(value, key)
+        return section(**_build_section(section, value, key + "."))
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: expected true or false, got {_show(value)}", hint=f'"{key.split(".")[-1]}": true')
+        return value
+    if kind in ("int", "float"):
+        value = _number(value, kind, key)
+        _check_range(value, meta, key)
+    elif kind == "str":
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string, got {_show(value)}", hint=None)
+    elif kind == "dict":
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: expected a mapping, got {_show(value)}", hint=None)
+        value = dict(value)
+    choices = meta.get("choices")
+    if choices is not None and value not in choices:
+        raise ConfigError(f"{key}: {_show(value)} is not one of {', '.join(map(str, choices))}",
+                          hint=f"set {key} to one of {', '.join(map(str, choices))}")
+    return value
+
+
+def _number(value: Any, kind: str, key: str) -> int | float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{key}: expected a number, got {_show(value)}", hint=None)
+    if not math.isfinite(value):
+        raise ConfigError(f"{key}: must be a finite number, got {value}", hint=None)
+    if kind == "int":
+        if isinstance(value, float) and not value.is_integer():
+            raise ConfigError(f"{key}: expected a whole number, got {value}", hint=f"{key}: {int(value)}")
+        return int(value)
+    return float(value)
+
+
+def _check_range(value: float, meta: Mapping, key: str) -> None:
+    if "min" in meta and value < meta["min"]:
+        raise ConfigError(f"{key}: must be >= {meta['min']}, got {value}", hint=None)
+    if "min_exclusive" in meta and value <= meta["min_exclusive"]:
+        raise ConfigError(f"{key}: must be > {meta['min_exclusive']}, got {value}", hint=None)
+    if "max" in meta and value > meta["max"]:
+        raise ConfigError(f"{key}: must be <= {meta['max']}, got {value}", hint=None)
+
+
+def _named(value: Any, key: str) -> NamedConfig:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{key}: expected {{\"type\": ..., \"params\": {{...}}}}, got {_show(value)}", hint=None)
+    extra = set(value) - {"type", "params"}
+    if extra:
+        bad = sorted(extra)[0]
+        close = difflib.get_close_matches(bad, ["type", "params"], n=1)
+        hint = f"did you mean '{key}.{close[0]}'?" if close else f"put constructor arguments under '{key}.params'"
+        raise ConfigError(f"unknown config key '{key}.{bad}'", hint=hint)
+    kind = value.get("type")
+    if not isinstance(kind, str) or not kind:
+        raise ConfigError(f"{key}.type: missing or not a string", hint=f'"{key}": {{"type": "AdamW", "params": {{"lr": 1e-3}}}}')
+    params = value.get("params", {}) or {}
+    if not isinstance(params, Mapping):
+        raise ConfigError(f"{key}.params: expected a mapping, got {_show(params)}", hint=None)
+    # "auto" (HF Trainer's convention) falls back to the constructor's default
+    return NamedConfig(type=kind, params={k: v for k, v in params.items() if v != "auto"})
+
+
+# ---- rules that involve more than one key ---------------------------------------------------
+def _check_semantics(config: ZeroConfig) -> None:
+    if config.fp16.enabled and config.bf16.enabled:
+        raise ConfigError("fp16.enabled and bf16.enabled are both true", hint="enable only one of them")
+    zero = config.zero_optimization
+    stage = zero.stage
+    if zero.offload_param is not None and zero.offload_param.active and stage != 3:
+        raise ConfigError(f"zero_optimization.offload_param needs stage 3 (stage is {stage})",
+                          hint="set zero_optimization.stage to 3 or remove offload_param")
+    if zero.offload_optimizer_active:
+        if stage == 0:
+            raise ConfigError("zero_optimization.offload_optimizer needs stage 1, 2 or 3",
+                              hint="set zero_optimization.stage to 1 or more")
+        if zero.offload_optimizer.device == "nvme" and stage != 3:
+            raise ConfigError("zero_optimization.offload_optimizer.device 'nvme' needs stage 3", hint="use device 'cpu'")
+        if zero.offload_optimizer.ratio < 1.0 and stage != 3:
+            raise ConfigError("zero_optimization.offload_optimizer.ratio below 1 needs stage 3", hint="remove ratio")
+    for section in ("offload_optimizer", "offload_param"):
+        off = getattr(zero, section)
+        if off is not None and off.device == "nvme" and not off.nvme_path:
+            raise ConfigError(f"zero_optimization.{section}.nvme_path is required for device 'nvme'",
+                              hint='"nvme_path": "/local_nvme"')
+    if stage > 0 and zero.reduce_scatter and (config.gradient_predivide_factor != 1.0 or config.prescale_gradients):
+        raise ConfigError("gradient_predivide_factor / prescale_gradients cannot be used with ZeRO reduce_scatter",
+                          hint="set gradient_predivide_factor to 1.0 and prescale_gradients to false")
+    if config.gradient_allreduce_op == "sum" and stage == 3:
+        raise ConfigError("gradient_allreduce_op 'sum' is not allowed with ZeRO stage 3", hint="use 'mean'")
+    if config.optimizer is not None:
+        if "max_grad_norm" in config.optimizer.params:
+            raise ConfigError("optimizer.params.max_grad_norm is not supported",
+                              hint="use the top-level gradient_clipping key instead")
+        if config.optimizer.type.lower() == "lamb" and config.fp16.enabled and not config.fp16.dynamic:
+            raise ConfigError("optimizer Lamb needs dynamic loss scaling (fp16.loss_scale is static)",
+                              hint="set fp16.loss_scale to 0")
+    for key in BATCH_KEYS:
+        value = getattr(config, key)
+        if value is not None and value != "auto" and (not isinstance(value, int) or value < 1):
+            raise ConfigError(f"{key}: must be a whole number >= 1, got {_show(value)}", hint=None)
+
+
+def resolve_batch(config: ZeroConfig, world_size: int) -> ZeroConfig:
+    """Fill the batch triplet for a data-parallel world size (DeepSpeed's rule; remainders fail)."""
+    if not isinstance(world_size, int) or world_size < 1:
+        raise ConfigError(f"world_size must be >= 1, got {world_size!r}", hint=None)
+    tbs, mbs, gas = (None if getattr(config, k) == "auto" else getattr(config, k) for k in BATCH_KEYS)
+    autos = [k for k in BATCH_KEYS if getattr(config, k) == "auto"]
+    if tbs is not None and mbs is not None and gas is not None:
+        pass
+    elif tbs is not None and mbs is not None:
+        gas = tbs // mbs // world_size
+    elif tbs is not None and gas is not None:
+        mbs = tbs // world_size // gas
+    elif mbs is not None and gas is not None:
+        tbs = mbs * gas * world_size
+    elif tbs is not None:
+        gas, mbs = 1, tbs // world_size
+    elif mbs is not None:
+        gas, tbs = 1, mbs * world_size
+    else:
+        what = ("'auto' cannot be resolved for " + ", ".join(autos)) if autos else \
+            "neither train_batch_size nor train_micro_batch_size_per_gpu is set"
+        raise ConfigError(f"batch size: {what}",
+                          hint="set train_micro_batch_size_per_gpu (and gradient_accumulation_steps), "
+                               "or train_batch_size")
+    if mbs < 1 or gas < 1 or tbs != mbs * gas * world_size:
+        raise ConfigError(
+            f"train_batch_size ({tbs}) is not equal to train_micro_batch_size_per_gpu ({mbs}) x "
+            f"gradient_accumulation_steps ({gas}) x world_size ({world_size})",
+            hint=f"train_batch_size must be a multiple of {world_size} x micro batch x accumulation steps; "
+                 f"for example train_batch_size {max(mbs, 1) * max(gas, 1) * world_size}")
+    return dataclasses.replace(config, train_batch_size=tbs, train_micro_batch_size_per_gpu=mbs,
+                               gradient_accumulation_steps=gas)
+
+
+def _show(value: Any) -> str:
+    return repr(value) if isinstance(value, (str, bool)) or value is None else f"{value!r} ({type(value).__name__})"
+
+
+def _jsonable(raw: dict) -> dict:
+    try:
+        return json.loads(json.dumps(raw))
+    except (TypeError, ValueError):
+        return {key: repr(value) for key, value in raw.items()}

@@ -1,0 +1,226 @@
+"""The engine config as frozen dataclasses, with DeepSpeed 0.19.8's keys and defaults.
+
+Torch-free: `dslaunch --dry-run --config` validates configs without importing torch.
+Every field's metadata says how to check it: ``kind`` (bool, int, float, str, dict, any),
+optional ``min``/``choices``/``aliases``, and ``doc``. The builder in config.py reads it.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def spec(default: Any, kind: str, doc: str, **checks: Any) -> Any:
+    """A dataclass field with its checking rules in metadata."""
+    factory = checks.pop("factory", None)
+    metadata = {"kind": kind, "doc": doc, **checks}
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class FP16Config:
+    """`fp16`: half precision with DeepSpeed's dynamic loss scaler."""
+
+    enabled: bool = spec(False, "bool", "train in fp16 with fp32 master weights")
+    auto_cast: bool = spec(False, "bool", "cast float inputs to fp16")
+    loss_scale: float = spec(0.0, "float", "0 means dynamic; > 0 is a static scale", min=0.0)
+    initial_scale_power: int = spec(16, "int", "dynamic scale starts at 2**initial_scale_power", min=0)
+    loss_scale_window: int = spec(1000, "int", "clean steps between scale doublings", min=1)
+    hysteresis: int = spec(2, "int", "overflows tolerated before the scale is halved", min=1)
+    consecutive_hysteresis: bool = spec(False, "bool", "refill hysteresis on every clean step")
+    min_loss_scale: float = spec(1.0, "float", "floor of the dynamic scale", min_exclusive=0.0)
+    fp16_master_weights_and_grads: bool = spec(False, "bool", "keep master weights in fp16 (ZeRO 1-3)")
+
+    @property
+    def dynamic(self) -> bool:
+        return self.loss_scale == 0
+
+
+@dataclass(frozen=True)
+class BF16Config:
+    """`bf16` (alias `bfloat16`): bfloat16 compute with fp32 master weights, no loss scaling."""
+
+    enabled: bool = spec(False, "bool", "train in bf16 with fp32 master weights")
+    immediate_grad_update: bool = spec(False, "bool", "accepted for compatibility")
+    check_grad_overflow: bool = spec(True, "bool", "skip a step whose gradients hold inf/NaN")
+    bf16_master_weights_and_grads: bool = spec(False, "bool", "accepted for compatibility")
+    bf16_optimizer_states: bool = spec(False, "bool", "accepted for compatibility")
+
+
+@dataclass(frozen=True)
+class OffloadConfig:
+    """`zero_optimization.offload_optimizer` / `offload_param`."""
+
+    device: str = spec("none", "str", "where the tensors live", choices=("none", "cpu", "nvme"))
+    nvme_path: str | None = spec(None, "str", "folder for NVMe offload", nullable=True)
+    pin_memory: bool = spec(True, "bool", "page-locked host buffers (True in 0.19.8)")
+    ratio: float = spec(1.0, "float", "fraction offloaded (< 1 only at stage 3)", min=0.0, max=1.0)
+    buffer_count: int = spec(4, "int", "number of staging buffers", min=1)
+    buffer_size: int = spec(100_000_000, "int", "elements per parameter buffer (offload_param)", min=1)
+    max_in_cpu: int = spec(1_000_000_000, "int", "elements kept in CPU memory (offload_param)", min=0)
+    pipeline_read: bool = spec(False, "bool", "overlap NVMe reads")
+    pipeline_write: bool = spec(False, "bool", "overlap NVMe writes")
+    fast_init: bool = spec(False, "bool", "fast NVMe initialisation")
+
+    @property
+    def active(self) -> bool:
+        return self.device != "none"
+
+
+@dataclass(frozen=True)
+class ZeroOptimizationConfig:
+    """`zero_optimization`: which ZeRO stage, and how it buckets and overlaps communication."""
+
+    stage: int = spec(0, "int", "0 off, 1 optimizer state, 2 + gradients, 3 + parameters", choices=(0, 1, 2, 3))
+    contiguous_gradients: bool = spec(True, "bool", "copy grads into a contiguous buffer as produced")
+    overlap_comm: bool | None = spec(None, "bool", "overlap reduction with backward (None: True at stage 3)", nullable=True)
+    reduce_scatter: bool = spec(True, "bool", "reduce to owners instead of all-reduce")
+    reduce_bucket_size: int = spec(500_000_000, "int", "elements reduced per bucket", min_exclusive=0)
+    allgather_partitions: bool = spec(True, "bool", "all-gather updated partitions")
+    allgather_bucket_size: int = spec(500_000_000, "int", "elements all-gathered at once", min_exclusive=0)
+    use_multi_rank_bucket_allreduce: bool = spec(True, "bool", "accepted for compatibility")
+    round_robin_gradients: bool = spec(False, "bool", "stage 1/2 offload gradient copy order")
+    offload_optimizer: OffloadConfig | None = spec(None, "section", "optimizer state offload", section=OffloadConfig, nullable=True)
+    offload_param: OffloadConfig | None = spec(None, "section", "parameter offload (stage 3)", section=OffloadConfig, nullable=True)
+    sub_group_size: int = spec(1_000_000_000, "int", "tile size of the optimizer step", min=1)
+    stage3_max_live_parameters: int = spec(1_000_000_000, "int", "resident params before release", min=0, aliases=("max_live_parameters",))
+    stage3_max_reuse_distance: int = spec(1_000_000_000, "int", "keep params reused within this distance", min=0, aliases=("max_reuse_distance",))
+    stage3_prefetch_bucket_size: int = spec(50_000_000, "int", "prefetch size in elements", min=0, aliases=("prefetch_bucket_size",))
+    stage3_param_persistence_threshold: int = spec(100_000, "int", "params smaller than this stay whole", min=0, aliases=("param_persistence_threshold",))
+    stage3_model_persistence_threshold: int = spec(sys.maxsize, "int", "cap on persistent elements", min=0, aliases=("model_persistence_threshold",))
+    stage3_gather_16bit_weights_on_model_save: bool = spec(False, "bool", "consolidate weights in save_16bit_model", aliases=("gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save"))
+    stage3_module_granularity_threshold: int = spec(0, "int", "accepted for compatibility", min=0, aliases=("module_granularity_threshold",))
+    stage3_use_all_reduce_for_fetch_params: bool = spec(False, "bool", "accepted for compatibility", aliases=("use_all_reduce_for_fetch_params",))
+    load_from_fp32_weights: bool = spec(True, "bool", "init masters from the checkpoint's fp32 copies")
+    elastic_checkpoint: bool = spec(False, "bool", "accepted for compatibility")
+    ignore_unused_parameters: bool = spec(True, "bool", "unused parameters get zero gradients")
+    legacy_stage1: bool = spec(False, "bool", "accepted for compatibility")
+    memory_efficient_linear: bool = spec(True, "bool", "accepted for compatibility")
+    pipeline_loading_checkpoint: bool = spec(False, "bool", "accepted for compatibility")
+    override_module_apply: bool = spec(True, "bool", "accepted for compatibility")
+    log_trace_cache_warnings: bool = spec(False, "bool", "accepted for compatibility")
+    zero_hpz_partition_size: int = spec(1, "int", "ZeRO++ hpZ (not implemented: must be 1)", min=1)
+    zero_quantized_weights: bool = spec(False, "bool", "ZeRO++ qwZ (not implemented)")
+    zero_quantized_nontrainable_weights: bool = spec(False, "bool", "ZeRO++ (not implemented)")
+    zero_quantized_gradients: bool = spec(False, "bool", "ZeRO++ qgZ (not implemented)")
+    mics_shard_size: int = spec(-1, "int", "MiCS (not implemented)")
+    mics_hierarchical_params_gather: bool = spec(False, "bool", "MiCS (not implemented)")
+    cpu_offload: bool | None = spec(None, "bool", "legacy: true means offload_optimizer.device=cpu", nullable=True)
+    cpu_offload_params: bool | None = spec(None, "bool", "legacy: offload_param.device=cpu", nullable=True, aliases=("cpu_offload_param",))
+    cpu_offload_use_pin_memory: bool | None = spec(None, "bool", "legacy pin_memory", nullable=True)
+
+    @property
+    def offload_optimizer_active(self) -> bool:
+        return self.offload_optimizer is not None and self.offload_optimizer.active
+
+
+@dataclass(frozen=True)
+class NamedConfig:
+    """`optimizer` / `scheduler`: a type name and the constructor's keyword arguments."""
+
+    type: str = spec("", "str", "class name (DeepSpeed names case-insensitive, else torch)")
+    params: dict = spec(None, "dict", "constructor keyword arguments", factory=dict)
+
+
+@dataclass(frozen=True)
+class ActivationCheckpointingConfig:
+    """`activation_checkpointing`: used only through launcher.zero.checkpointing."""
+
+    partition_activations: bool = spec(False, "bool", "shard saved activations across model-parallel ranks")
+    cpu_checkpointing: bool = spec(False, "bool", "keep checkpointed activations on CPU")
+    contiguous_memory_optimization: bool = spec(False, "bool", "copy activations into one buffer")
+    number_checkpoints: int | None = spec(None, "int", "number of checkpoints for the buffer", nullable=True, min=1)
+    synchronize_checkpoint_boundary: bool = spec(False, "bool", "synchronize at checkpoint boundaries")
+    profile: bool = spec(False, "bool", "time the checkpointed forward/backward")
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    """`csv_monitor` / `tensorboard` / `wandb` / `comet`: where training metrics go."""
+
+    enabled: bool = spec(False, "bool", "write metrics")
+    output_path: str = spec("", "str", "folder for the files (default: ./<monitor>)")
+    job_name: str = spec("DeepSpeedJobName", "str", "sub-folder name")
+    group: str | None = spec(None, "str", "wandb group", nullable=True)
+    team: str | None = spec(None, "str", "wandb team", nullable=True)
+    project: str | None = spec(None, "str", "wandb/comet project", nullable=True)
+
+
+@dataclass(frozen=True)
+class DataTypesConfig:
+    """`data_types`: the gradient-accumulation buffer dtype (None: the model dtype)."""
+
+    grad_accum_dtype: str | None = spec(None, "str", "fp32, fp16 or bf16", nullable=True, choices=("fp32", "fp16", "bf16"))
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """`checkpoint`: tag validation and universal-checkpoint flags."""
+
+    tag_validation: str = spec("Warn", "str", "Warn, Ignore or Fail when tags differ across ranks", choices=("Warn", "Ignore", "Fail", "warn", "ignore", "fail"))
+    load_universal: bool = spec(False, "bool", "accepted: our checkpoints reshard directly")
+    use_node_local_storage: bool = spec(False, "bool", "accepted for compatibility")
+    parallel_write: dict = spec(None, "dict", "accepted for compatibility", factory=dict)
+
+
+@dataclass(frozen=True)
+class ZeroConfig:
+    """The whole engine config. Batch keys stay None until resolved for a world size."""
+
+    train_batch_size: int | None = spec(None, "int", "global batch per optimizer step", nullable=True, min=1, batch=True)
+    train_micro_batch_size_per_gpu: int | None = spec(None, "int", "batch per rank per micro-step", nullable=True, min=1, batch=True)
+    gradient_accumulation_steps: int | None = spec(None, "int", "micro-steps per optimizer step", nullable=True, min=1, batch=True)
+    gradient_clipping: float = spec(1.0, "float", "global L2-norm clip; 0 disables", min=0.0)
+    steps_per_print: int | None = spec(None, "int", "progress line every N optimizer steps", nullable=True, min=1)
+    wall_clock_breakdown: bool = spec(False, "bool", "print forward/backward/step timings")
+    memory_breakdown: bool = spec(False, "bool", "print memory_breakdown() with the progress line")
+    dump_state: bool = spec(False, "bool", "accepted for compatibility")
+    communication_data_type: str | None = spec(None, "str", "fp32, fp16 or bf16 for gradient reduction", nullable=True, choices=("fp32", "fp16", "bf16"))
+    prescale_gradients: bool = spec(False, "bool", "divide by world size before the reduction")
+    gradient_predivide_factor: float = spec(1.0, "float", "divide before the reduction, multiply after", min_exclusive=0.0)
+    sparse_gradients: bool = spec(False, "bool", "accepted for compatibility")
+    disable_allgather: bool = spec(False, "bool", "accepted for compatibility")
+    zero_allow_untested_optimizer: bool = spec(False, "bool", "allow optimizers ZeRO was not tested with")
+    zero_force_ds_cpu_optimizer: bool = spec(True, "bool", "offload requires our CPU Adam")
+    gradient_allreduce_op: str = spec("mean", "str", "mean or sum", choices=("mean", "sum"))
+    dataloader_drop_last: bool = spec(False, "bool", "drop the last incomplete batch")
+    managed_gradient_accumulation: bool = spec(True, "bool", "false: every step() is an accumulation boundary")
+    fp16: FP16Config = spec(None, "section", "fp16 training", section=FP16Config, factory=FP16Config)
+    bf16: BF16Config = spec(None, "section", "bf16 training", section=BF16Config, factory=BF16Config, aliases=("bfloat16",))
+    zero_optimization: ZeroOptimizationConfig = spec(None, "section", "ZeRO stage and buckets", section=ZeroOptimizationConfig, factory=ZeroOptimizationConfig)
+    optimizer: NamedConfig | None = spec(None, "section", "optimizer by name", section=NamedConfig, nullable=True)
+    scheduler: NamedConfig | None = spec(None, "section", "lr scheduler by name", section=NamedConfig, nullable=True)
+    activation_checkpointing: ActivationCheckpointingConfig = spec(None, "section", "activation checkpointing", section=ActivationCheckpointingConfig, factory=ActivationCheckpointingConfig)
+    csv_monitor: MonitorConfig = spec(None, "section", "CSV metrics", section=MonitorConfig, factory=MonitorConfig)
+    tensorboard: MonitorConfig = spec(None, "section", "TensorBoard metrics", section=MonitorConfig, factory=MonitorConfig)
+    wandb: MonitorConfig = spec(None, "section", "accepted; not written", section=MonitorConfig, factory=MonitorConfig)
+    comet: MonitorConfig = spec(None, "section", "accepted; not written", section=MonitorConfig, factory=MonitorConfig)
+    data_types: DataTypesConfig = spec(None, "section", "accumulation dtype", section=DataTypesConfig, factory=DataTypesConfig)
+    checkpoint: CheckpointConfig = spec(None, "section", "checkpoint options", section=CheckpointConfig, factory=CheckpointConfig)
+    sparse_attention: dict | None = spec(None, "dict", "read by launcher.zero.sparse_attention", nullable=True)
+    #: DeepSpeed top-level sections we accept unchanged but do not act on (name -> raw value).
+    unsupported: dict = field(default_factory=dict, compare=False, metadata={"kind": "internal"})
+    #: the config as given, for checkpoints (ds_config)
+    raw: dict = field(default_factory=dict, compare=False, metadata={"kind": "internal"})
+
+    @property
+    def zero_stage(self) -> int:
+        return self.zero_optimization.stage
+
+    @property
+    def overlap_comm(self) -> bool:
+        flag = self.zero_optimization.overlap_comm
+        return (self.zero_stage == 3) if flag is None else flag
+
+
+#: DeepSpeed top-level sections that load unchanged but have no effect here (a warning says so).
+ACCEPTED_UNSUPPORTED = (
+    "amp", "flops_profiler", "elasticity", "autotuning", "compression_training", "data_efficiency",
+    "curriculum_learning", "pipeline", "progressive_layer_drop", "pld", "eigenvalue", "quantize_training",
+    "aio", "nebula", "comms_logger", "timers", "weight_quantization", "hybrid_engine", "tensor_parallel",
+    "compile", "torch_autocast", "seq_parallel_communication_data_type", "sequence_parallel_size",
+    "use_data_before_expert_parallelism", "graph_harvesting", "monitor_config", "zero_legacy_stage1",
+)

@@ -1,0 +1,91 @@
+"""The distributed context: the process group and this rank's place in it.
+
+``init_distributed`` is the one place that reads the launcher's environment (RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR, MASTER_PORT); everything below it receives a DistContext.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+
+from launcher.zero.errors import DistributedSetupError
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """A process group and this rank's coordinates in it; ``device`` is where tensors live."""
+
+    group: Any
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+
+
+def context_from_group(group: Any = None, device: torch.device | str | None = None,
+                       local_rank: int = 0) -> DistContext:
+    """A DistContext over an existing process group (None: the default group)."""
+    backend = dist.get_backend(group)
+    if device is None:
+        device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
+    return DistContext(group=group, rank=dist.get_rank(group), world_size=dist.get_world_size(group),
+                       local_rank=local_rank, device=torch.device(device), backend=backend)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def init_distributed(backend: str | None = None, env: Mapping[str, str] | None = None,
+                     timeout_s: float = 1800.0) -> DistContext:
+    """Start torch.distributed from the launcher's env (NCCL on GPU, gloo on CPU), or reuse it.
+
+    Without RANK/WORLD_SIZE in the environment this is a single process: a one-rank gloo/NCCL
+    group on a free local port, so that every code path is the same.
+    """
+    env = os.environ if env is None else env
+    local_rank = int(env.get("LOCAL_RANK", "0") or 0)
+    use_cuda = torch.cuda.is_available() and (backend in (None, "nccl"))
+    if use_cuda:
+        torch.cuda.set_device(local_rank % max(1, torch.cuda.device_count()))
+    device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+    if dist.is_available() and dist.is_initialized():
+        return context_from_group(None, device=device, local_rank=local_rank)
+    backend = backend or ("nccl" if use_cuda else "gloo")
+    timeout = timedelta(seconds=timeout_s)
+    if "RANK" in env and "WORLD_SIZE" in env:
+        try:
+            rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
+        except ValueError:
+            raise DistributedSetupError(f"RANK={env['RANK']!r} / WORLD_SIZE={env['WORLD_SIZE']!r} are not integers",
+                                        hint="start the script with dslaunch") from None
+        missing = [key for key in ("MASTER_ADDR", "MASTER_PORT") if not env.get(key)]
+        if missing:
+            raise DistributedSetupError(f"{', '.join(missing)} not set (RANK and WORLD_SIZE are)",
+                                        hint="start the script with dslaunch, or export MASTER_ADDR and MASTER_PORT")
+        init_method = f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+    else:
+        rank, world_size = 0, 1
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+    dist.init_process_group(backend=backend, init_method=init_method, rank=rank, world_size=world_size,
+                            timeout=timeout)
+    atexit.register(_destroy)  # we started it, so we end it (NCCL warns about leaked groups otherwise)
+    return context_from_group(None, device=device, local_rank=local_rank)
+
+
+def _destroy() -> None:
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # at interpreter exit a broken peer must not turn into a traceback
+            pass

@@ -1,0 +1,291 @@
+"""The engine: the training step in one place (forward, backward, step), DeepSpeed's API.
+
+Where tensors live and how they move between ranks is the strategy's job (strategy.py); the
+engine owns the counters, loss scaling, clipping, the overflow decision, the scheduler,
+progress output and checkpoints (ckpt.py).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from launcher.zero.config_schema import ZeroConfig
+from launcher.zero.dist import DistContext
+from launcher.zero.loss_scaler import LossScaler
+from launcher.zero.monitor import Monitor, PhaseTimer
+from launcher.zero.precision import PrecisionPolicy
+from launcher.zero.strategy import ZeroStrategy
+
+
+@dataclass
+class EngineParts:
+    """What zero.initialize assembled for the engine."""
+
+    module: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    lr_scheduler: Any
+    config: ZeroConfig
+    dist: DistContext
+    precision: PrecisionPolicy
+    strategy: ZeroStrategy
+    loss_scaler: LossScaler | None
+    monitor: Monitor
+    dataloader: Any = None
+
+
+class ZeroEngine:
+    """Wraps a module for ZeRO data-parallel training; call it, ``backward(loss)``, ``step()``."""
+
+    def __init__(self, parts: EngineParts):
+        self.module = parts.module
+        self.optimizer = parts.optimizer
+        self.lr_scheduler = parts.lr_scheduler
+        self.config = parts.config
+        self.dist = parts.dist
+        self.precision = parts.precision
+        self.strategy = parts.strategy
+        self.loss_scaler = parts.loss_scaler
+        self.monitor = parts.monitor
+        self.training_dataloader = parts.dataloader
+        self.global_steps = 0
+        self.global_samples = 0
+        self.skipped_steps = 0
+        self.micro_steps = 0
+        self._boundary_override: bool | None = None
+        self._step_applied = False
+        self._global_grad_norm: float | None = None
+        self._loss_sum: torch.Tensor | None = None
+        self._loss_count = 0
+        self._last_report = (time.perf_counter(), 0)
+        sync = torch.cuda.synchronize if self.dist.device.type == "cuda" else None
+        self.timers = PhaseTimer(self.config.wall_clock_breakdown, sync)
+
+    # ---- DeepSpeed's accessors ------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.dist.device
+
+    @property
+    def global_rank(self) -> int:
+        return self.dist.rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.dist.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.dist.world_size
+
+    dp_world_size = world_size
+
+    def train_batch_size(self) -> int:
+        return self.config.train_batch_size
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return self.config.train_micro_batch_size_per_gpu
+
+    def gradient_accumulation_steps(self) -> int:
+        return self.config.gradient_accumulation_steps
+
+    def zero_optimization_stage(self) -> int:
+        return self.config.zero_stage
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        if self._boundary_override is not None:
+            return self._boundary_override
+        if not self.config.managed_gradient_accumulation:
+            return True
+        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        self._boundary_override = is_boundary
+
+    def get_lr(self) -> list[float]:
+        return [float(group["lr"]) for group in self.optimizer.param_groups]
+
+    def get_mom(self) -> list:
+        return [group.get("betas", group.get("momentum")) for group in self.optimizer.param_groups]
+
+    def get_loss_scale(self) -> float:
+        """The loss scale in use now (1.0 without fp16)."""
+        return float(self.loss_scaler.scale) if self.loss_scaler is not None else 1.0
+
+    def loss_scale(self) -> float:
+        """DeepSpeed's meaning: the configured fp16.loss_scale (0 for dynamic)."""
+        return self.config.fp16.loss_scale
+
+    def get_global_grad_norm(self) -> float | None:
+        return self._global_grad_norm
+
+    def was_step_applied(self) -> bool:
+        return self._step_applied
+
+    def memory_breakdown(self) -> dict[str, int]:
+        """Bytes this rank holds for parameters, gradients, master weights and optimizer state."""
+        parts = dict(self.strategy.memory_breakdown())
+        parts["total"] = sum(parts.values())
+        return parts
+
+    # ---- module pass-throughs -------------------------------------------------------------
+    def train(self, mode: bool = True):
+        self.module.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def parameters(self, recurse: bool = True):
+        return self.module.parameters(recurse)
+
+    def named_parameters(self, *args, **kwargs):
+        return self.module.named_parameters(*args, **kwargs)
+
+    def state_dict(self, *args, **kwargs):
+        return self.strategy.module_state_dict()
+
+    # ---- the step -------------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        self.timers.start("forward")
+        if self.config.fp16.enabled and self.config.fp16.auto_cast:
+            args, kwargs = _cast_floats(args, torch.float16), _cast_floats(kwargs, torch.float16)
+        self.strategy.pre_forward()
+        output = self.module(*args, **kwargs)
+        self.strategy.post_forward()
+        self.timers.stop("forward")
+        return output
+
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
+        """Backpropagate ``loss / gradient_accumulation_steps`` (times the fp16 loss scale)."""
+        self.timers.start("backward")
+        detached = loss.detach().float()
+        self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
+        self._loss_count += 1
+        if scale_wrt_gas and self.gradient_accumulation_steps() > 1:
+            loss = loss / self.gradient_accumulation_steps()
+        scaled = loss * self.loss_scaler.scale if self.loss_scaler is not None else loss
+        boundary = self.is_gradient_accumulation_boundary()
+        self.strategy.pre_backward(boundary)
+        scaled.backward(retain_graph=retain_graph)
+        self.strategy.post_backward(boundary)
+        self.timers.stop("backward")
+        return loss
+
+    def step(self, lr_kwargs: dict | None = None) -> None:
+        """On an accumulation boundary: update (or skip on overflow), step the scheduler."""
+        self._step_applied = False
+        if self.is_gradient_accumulation_boundary():
+            self.timers.start("step")
+            self._take_model_step(lr_kwargs)
+            self.timers.stop("step")
+            self._report()
+        self.micro_steps += 1
+        self._boundary_override = None
+
+    def _take_model_step(self, lr_kwargs: dict | None) -> None:
+        self.strategy.prepare_master_grads()
+        stats = self.strategy.grad_norm_and_overflow()
+        scale = self.get_loss_scale()
+        if stats.overflow and (self.precision.param_dtype != torch.bfloat16 or self.config.bf16.check_grad_overflow):
+            self._skip_step(scale)
+        else:
+            norm = stats.norm / scale
+            clip = self.config.gradient_clipping
+            # DeepSpeed fuses unscaling and clipping: grads /= scale * max(1, (norm + 1e-6) / clip)
+            combined = scale * max(1.0, (norm + 1e-6) / clip) if clip > 0 else scale
+            self.strategy.scale_master_grads(1.0 / combined)
+            self.optimizer.step()
+            self.strategy.after_optimizer_step()
+            if self.loss_scaler is not None:
+                self.loss_scaler.update(False)
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step(**(lr_kwargs or {}))
+            self._global_grad_norm = norm
+            self._step_applied = True
+        self.strategy.zero_grad()
+        self.global_steps += 1
+        self.global_samples += self.train_batch_size()
+
+    def _skip_step(self, scale: float) -> None:
+        self.skipped_steps += 1
+        self._global_grad_norm = None
+        if self.loss_scaler is not None:
+            self.monitor.log(f"OVERFLOW! Skipping step {self.global_steps + 1}. Attempted loss scale: {scale:g}")
+            self.loss_scaler.update(True)
+            if self.loss_scaler.rules.dynamic:
+                self.monitor.log(f"Reducing loss scale to {self.loss_scaler.scale:g}")
+        else:
+            self.monitor.log(f"non-finite gradients (inf/NaN) at step {self.global_steps + 1}: step skipped")
+
+    def _report(self) -> None:
+        loss = None
+        if self._loss_sum is not None:
+            loss = float(self._loss_sum.item()) / max(1, self._loss_count)
+            if not math.isfinite(loss):
+                self.monitor.warn(f"loss is {loss} at step {self.global_steps}")
+        self._loss_sum, self._loss_count = None, 0
+        every = self.config.steps_per_print
+        values = {"Train/Samples/lr": self.get_lr()[0]}
+        if loss is not None:
+            values["Train/Samples/train_loss"] = loss
+        if self.loss_scaler is not None:
+            values["Train/Samples/loss_scale"] = self.get_loss_scale()
+        self.monitor.events(self.global_samples, values)
+        if every and self.global_steps % every == 0:
+            now, samples = time.perf_counter(), self.global_samples
+            then, before = self._last_report
+            rate = (samples - before) / max(now - then, 1e-9)
+            self._last_report = (now, samples)
+            lrs = ", ".join(f"{lr:.4e}" for lr in self.get_lr())
+            loss_text = f"{loss:.4f}" if loss is not None else "n/a"
+            self.monitor.log(f"step={self.global_steps} skipped={self.skipped_steps} loss={loss_text} lr=[{lrs}] "
+                             f"loss_scale={self.get_loss_scale():g} samples/s={rate:.1f}")
+            if self.config.wall_clock_breakdown:
+                self.monitor.log(f"time (ms) | {self.timers.report()}")
+            if self.config.memory_breakdown:
+                self.monitor.log("memory (MiB) | " + " | ".join(
+                    f"{k}: {v / 2**20:.2f}" for k, v in self.memory_breakdown().items()))
+
+    # ---- checkpoints ------------------------------------------------------------------------
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
+                        exclude_frozen_parameters: bool = False) -> bool:
+        """Collective: every rank writes its shard; returns once the checkpoint is complete."""
+        from launcher.zero.ckpt import save_checkpoint
+
+        return save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {}, save_latest=save_latest)
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True, load_optimizer_states: bool = True,
+                        load_lr_scheduler_states: bool = True, load_module_only: bool = False, custom_load_fn=None):
+        """Restore a checkpoint (any world size); returns (path, client_state) or (None, None)."""
+        from launcher.zero.ckpt import load_checkpoint
+
+        return load_checkpoint(self, load_dir, tag=tag, load_module_strict=load_module_strict,
+                               load_optimizer_states=load_optimizer_states,
+                               load_lr_scheduler_states=load_lr_scheduler_states, load_module_only=load_module_only)
+
+    def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin", exclude_frozen_parameters: bool = False) -> bool:
+        """The module's state dict in its training dtype, written by rank 0."""
+        import os
+
+        state = self.strategy.module_state_dict()
+        if self.dist.rank == 0:
+            os.makedirs(save_dir, exist_ok=True)
+            torch.save(state, os.path.join(save_dir, save_filename))
+        return True
+
+
+def _cast_floats(value, dtype):
+    if torch.is_tensor(value):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast_floats(v, dtype) for v in value)
+    if isinstance(value, dict):
+        return {k: _cast_floats(v, dtype) for k, v in value.items()}
+    return value

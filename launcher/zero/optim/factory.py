@@ -1,0 +1,61 @@
+"""Build the optimizer named in the config over the model's param groups."""
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from launcher.zero.errors import ConfigError
+
+# DeepSpeed's keys that torch's constructors do not take
+_ADAM_ONLY_KEYS = ("adam_w_mode", "torch_adam", "bias_correction", "fused", "set_grad_none")
+ZERO_TESTED_OPTIMIZERS = ("Adam", "AdamW", "Adagrad", "OnebitAdam", "CPUAdam", "DeepSpeedCPUAdam")
+
+
+def build_optimizer(spec, params, process_group=None) -> torch.optim.Optimizer:
+    """An optimizer from a NamedConfig(type, params) over ``params`` (tensors or param-group dicts)."""
+    name = spec.type.lower()
+    kwargs = dict(spec.params)
+    if "betas" in kwargs:
+        kwargs["betas"] = tuple(kwargs["betas"])
+    try:
+        if name in ("adam", "adamw"):
+            adam_w_mode = kwargs.pop("adam_w_mode", True)
+            if kwargs.pop("bias_correction", True) is not True:
+                raise ConfigError("optimizer.params.bias_correction: only true is supported",
+                                  hint="remove bias_correction")
+            for key in _ADAM_ONLY_KEYS:
+                kwargs.pop(key, None)
+            # DeepSpeed: "Adam" means decoupled weight decay unless adam_w_mode is false
+            cls = torch.optim.AdamW if (name == "adamw" or adam_w_mode) else torch.optim.Adam
+            return cls(params, **kwargs)
+        if name == "lamb":
+            from launcher.zero.optim.lamb import Lamb
+
+            return Lamb(params, **kwargs)
+        if name == "adagrad":
+            return torch.optim.Adagrad(params, **kwargs)
+        if name in ("onebitadam",):
+            module = importlib.import_module("launcher.zero.onebit")
+            return module.OnebitAdam(params, process_group=process_group, **kwargs)
+        if name in ("lion", "muon", "onebitlamb", "zerooneadam"):
+            raise ConfigError(f"optimizer.type: '{spec.type}' is not available in this engine",
+                              hint="use Adam, AdamW, Lamb, OneBitAdam or a torch.optim class name")
+        cls = getattr(torch.optim, spec.type, None)
+        if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
+            raise ConfigError(f"optimizer.type: unknown optimizer '{spec.type}'",
+                              hint="use Adam, AdamW, Lamb, OneBitAdam or a torch.optim class name (case-sensitive)")
+        return cls(params, **kwargs)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"optimizer.params: {spec.type}: {error}",
+                          hint=f"check the constructor arguments of {spec.type}") from None
+
+
+def check_zero_support(optimizer: torch.optim.Optimizer, stage: int, allow_untested: bool) -> None:
+    """DeepSpeed's rule: ZeRO stages >= 1 accept only tested optimizers unless allowed."""
+    if stage == 0 or allow_untested:
+        return
+    name = type(optimizer).__name__
+    if name not in ZERO_TESTED_OPTIMIZERS:
+        raise ConfigError(f"optimizer {name} is not tested with ZeRO stage {stage}",
+                          hint='set "zero_allow_untested_optimizer": true to use it anyway')

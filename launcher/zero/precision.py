@@ -1,0 +1,37 @@
+"""Which dtype each tensor role uses: parameters, gradient accumulation, communication, masters."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    """The dtypes of one run (reference §1.2-1.3)."""
+
+    param_dtype: torch.dtype        # model weights and activations
+    grad_accum_dtype: torch.dtype   # where micro-step gradients add up
+    comm_dtype: torch.dtype         # gradients on the wire
+    master_dtype: torch.dtype       # what the optimizer steps
+
+    @property
+    def mixed(self) -> bool:
+        """True when the masters are a separate copy of the weights."""
+        return self.param_dtype != self.master_dtype
+
+
+def precision_policy(config) -> PrecisionPolicy:
+    """The policy for a ZeroConfig: fp16 / bf16 with fp32 masters, or fp32 throughout."""
+    if config.fp16.enabled:
+        param = torch.float16
+        master = torch.float16 if config.fp16.fp16_master_weights_and_grads else torch.float32
+    elif config.bf16.enabled:
+        param, master = torch.bfloat16, torch.float32
+    else:
+        param, master = torch.float32, torch.float32
+    accum = DTYPES[config.data_types.grad_accum_dtype] if config.data_types.grad_accum_dtype else param
+    comm = DTYPES[config.communication_data_type] if config.communication_data_type else param
+    return PrecisionPolicy(param_dtype=param, grad_accum_dtype=accum, comm_dtype=comm, master_dtype=master)

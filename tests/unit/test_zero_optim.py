@@ -1,0 +1,47 @@
+"""Optimizers by name and Lamb's trust ratio (FusedLamb's formula, reference §4.3)."""
+import math
+
+import pytest
+import torch
+
+from launcher.zero.config_schema import NamedConfig
+from launcher.zero.errors import ConfigError
+from launcher.zero.optim import Lamb, build_optimizer, lamb_coefficient
+
+
+@pytest.mark.parametrize("weight,update,expected", [(0.0, 1.0, 1.0), (1.0, 0.0, 1.0), (1.0, 2.0, 0.5),
+                                                    (100.0, 1.0, 10.0), (1e-5, 1.0, 0.01)])
+def test_trust_ratio(weight, update, expected):
+    assert lamb_coefficient(weight, update) == expected
+
+
+def test_lamb_step_matches_formula():
+    p = torch.nn.Parameter(torch.tensor([3.0, 4.0]))
+    p.grad = torch.tensor([0.5, -1.0])
+    opt = Lamb([p], lr=0.1, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    opt.step()
+    m, v = 0.1 * torch.tensor([0.5, -1.0]), 0.001 * torch.tensor([0.25, 1.0])
+    u = m / (v.sqrt() + 1e-8) + 0.01 * torch.tensor([3.0, 4.0])
+    coeff = min(max(5.0 / u.norm().item(), 0.01), 10.0)
+    step = 0.1 * math.sqrt(1 - 0.999) / (1 - 0.9)
+    assert torch.allclose(p.detach(), torch.tensor([3.0, 4.0]) - step * coeff * u, atol=1e-6)
+    assert opt.get_lamb_coeffs() == [pytest.approx(coeff)]
+
+
+def params():
+    return [torch.nn.Parameter(torch.zeros(3))]
+
+
+def test_adam_means_adamw_unless_adam_w_mode_false():
+    assert type(build_optimizer(NamedConfig("Adam", {"lr": 1e-3}), params())) is torch.optim.AdamW
+    assert type(build_optimizer(NamedConfig("adam", {"adam_w_mode": False}), params())) is torch.optim.Adam
+    assert type(build_optimizer(NamedConfig("AdamW", {"torch_adam": True}), params())) is torch.optim.AdamW
+    assert type(build_optimizer(NamedConfig("RMSprop", {"lr": 0.1}), params())) is torch.optim.RMSprop
+
+
+@pytest.mark.parametrize("spec,match", [(NamedConfig("Adamm", {}), "unknown optimizer 'Adamm'"),
+                                        (NamedConfig("SGD", {"lrr": 1}), "optimizer.params: SGD"),
+                                        (NamedConfig("Lion", {}), "not available")])
+def test_optimizer_errors(spec, match):
+    with pytest.raises(ConfigError, match=match):
+        build_optimizer(spec, params())
