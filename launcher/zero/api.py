@@ -91,7 +91,8 @@ def _build_optimizer(optimizer, params, cfg, dist_context: DistContext) -> torch
     if cfg.optimizer is None:
         raise ConfigError("no optimizer: the config has no 'optimizer' section and none was passed",
                           hint='add "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}} or pass optimizer=')
-    return build_optimizer(cfg.optimizer, params, process_group=dist_context.group)
+    return build_optimizer(cfg.optimizer, params, process_group=dist_context.group,
+                           offload=bool(cfg.zero_optimization.offload_optimizer_active))
 
 
 def _build_scheduler(lr_scheduler, optimizer, cfg):

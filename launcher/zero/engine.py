@@ -6,7 +6,10 @@ progress output and checkpoints (ckpt.py).
 """
 from __future__ import annotations
 
+import contextlib
+
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -153,6 +156,10 @@ class ZeroEngine:
         return self.forward(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
+        with self._explain_out_of_memory():
+            return self._forward(*args, **kwargs)
+
+    def _forward(self, *args, **kwargs):
         self.timers.start("forward")
         if self.config.fp16.enabled and self.config.fp16.auto_cast:
             args, kwargs = _cast_floats(args, torch.float16), _cast_floats(kwargs, torch.float16)
@@ -164,6 +171,10 @@ class ZeroEngine:
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
         """Backpropagate ``loss / gradient_accumulation_steps`` (times the fp16 loss scale)."""
+        with self._explain_out_of_memory():
+            return self._backward(loss, retain_graph, scale_wrt_gas)
+
+    def _backward(self, loss: torch.Tensor, retain_graph: bool, scale_wrt_gas: bool) -> torch.Tensor:
         self.timers.start("backward")
         detached = loss.detach().float()
         self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
@@ -183,11 +194,26 @@ class ZeroEngine:
         self._step_applied = False
         if self.is_gradient_accumulation_boundary():
             self.timers.start("step")
-            self._take_model_step(lr_kwargs)
+            with self._explain_out_of_memory():
+                self._take_model_step(lr_kwargs)
             self.timers.stop("step")
             self._report()
         self.micro_steps += 1
         self._boundary_override = None
+
+    @contextlib.contextmanager
+    def _explain_out_of_memory(self):
+        """Re-raise an out-of-memory error with the memory estimate and a config that fits."""
+        try:
+            yield
+        except OUT_OF_MEMORY as error:
+            from launcher.zero.estimate import out_of_memory_note
+            try:
+                note = out_of_memory_note(self.module, self.config, self.dist.world_size,
+                                          int(os.environ.get("LOCAL_WORLD_SIZE", "1")), self.dist.device)
+            except Exception as failure:  # the note must never hide the real error
+                note = f"(no memory estimate: {failure})"
+            raise type(error)(f"{error}\n[zero] {note}") from error
 
     def _take_model_step(self, lr_kwargs: dict | None) -> None:
         self.strategy.prepare_master_grads()
@@ -274,11 +300,20 @@ class ZeroEngine:
         """The module's state dict in its training dtype, written by rank 0."""
         import os
 
-        state = self.strategy.module_state_dict()
+        gather = getattr(self.strategy, "gathered_16bit_state_dict", None)
+        state = gather() if gather is not None else self.strategy.module_state_dict()
+        if state is None:  # stage 3 without stage3_gather_16bit_weights_on_model_save, as DeepSpeed
+            if self.dist.rank == 0:
+                print("[zero] save_16bit_model: nothing saved; set zero_optimization."
+                      "stage3_gather_16bit_weights_on_model_save to true", flush=True)
+            return False
         if self.dist.rank == 0:
             os.makedirs(save_dir, exist_ok=True)
             torch.save(state, os.path.join(save_dir, save_filename))
         return True
+
+
+OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
 
 
 def _cast_floats(value, dtype):

@@ -66,7 +66,8 @@ def test_optimizer_and_param_offload_match_single_process_adamw():
             assert r["masters_on"] == ["cpu"] and r["state_on"] == ["cpu"] and r["state_count"] > 0, r
             if r["stage"] < 3:   # stage 3 on a CPU-only host: the shard itself is the fp32 master (no copy)
                 assert r["memory"]["master_weights"] > 0, r
-        assert records[0]["optimizer"] == "CPUAdam" and records[3]["optimizer"] == "CPUAdam"
+        # a client CPUAdam (records 0, 3) or the config's AdamW, which offload builds as CPUAdam
+        assert [r["optimizer"] for r in records] == ["CPUAdam"] * 4
         assert records[3]["shards_on"] == ["cpu"]
 
 

@@ -1,13 +1,14 @@
-"""Run a script as a tiny local world: one subprocess per rank with the launcher's env variables.
+"""Run a script as a tiny local world through the real launcher (`dslaunch --num_gpus N`).
 
 ``run_world(script, world_size, *args)`` returns one RankResult per rank (exit code, stdout,
-stderr). Rank processes get RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1
-and a free MASTER_PORT, and run with this repository first on PYTHONPATH.
+stderr). Ranks get dslaunch's env (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1, a free
+MASTER_PORT, ...) and run with this repository first on PYTHONPATH.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -36,29 +37,36 @@ def free_port() -> int:
 
 
 def run_world(script, world_size: int, *args: str, timeout: float = 120, env: dict | None = None) -> list[RankResult]:
-    """Start ``world_size`` ranks of ``python script args...`` and wait for all of them."""
-    port = free_port()
-    processes = []
+    """Start ``world_size`` ranks of ``python script args...`` through the real launcher.
+
+    dslaunch streams each rank's lines as ``[rank R] ...``; they are split back per rank.
+    A failed job gives every rank dslaunch's exit code (the first failure's own code).
+    """
+    launch_env = dict(os.environ)
+    launch_env.update(env or {})
+    launch_env["PYTHONPATH"] = os.pathsep.join([str(REPO), launch_env.get("PYTHONPATH", "")])
+    launch_env.setdefault("OMP_NUM_THREADS", "1")
+    argv = [sys.executable, "-m", "launcher", "--num_gpus", str(world_size), "--no_local_rank",
+            "--master_port", str(free_port()), str(script), *args]
+    done = subprocess.run(argv, env=launch_env, capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
+    outs = _split(done.stdout, world_size)
+    errs = _split(done.stderr, world_size)
+    launcher_lines = [line for line in done.stderr.splitlines() if line.startswith("dslaunch:")]
     for rank in range(world_size):
-        rank_env = dict(os.environ)
-        rank_env.update(env or {})
-        rank_env.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
-                         "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
-                         "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
-                         "PYTHONPATH": os.pathsep.join([str(REPO), rank_env.get("PYTHONPATH", "")])})
-        processes.append(subprocess.Popen([sys.executable, str(script), *args], env=rank_env,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    results = []
-    try:
-        for rank, process in enumerate(processes):
-            out, err = process.communicate(timeout=timeout)
-            results.append(RankResult(rank, process.returncode, out, err))
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    return results
+        errs[rank] += "".join(line + "\n" for line in launcher_lines)
+    return [RankResult(rank, done.returncode, outs[rank], errs[rank]) for rank in range(world_size)]
+
+
+def _split(text: str, world_size: int) -> list[str]:
+    per_rank = [""] * world_size
+    for line in text.splitlines():
+        match = _PREFIX.match(line)
+        if match and int(match.group(1)) < world_size:
+            per_rank[int(match.group(1))] += match.group(2) + "\n"
+    return per_rank
+
+
+_PREFIX = re.compile(r"^\[rank (\d+)\] (.*)$")
 
 
 def check(results: list[RankResult]) -> list[RankResult]:

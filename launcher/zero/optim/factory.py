@@ -12,13 +12,25 @@ _ADAM_ONLY_KEYS = ("adam_w_mode", "torch_adam", "bias_correction", "fused", "set
 ZERO_TESTED_OPTIMIZERS = ("Adam", "AdamW", "Adagrad", "OnebitAdam", "CPUAdam", "DeepSpeedCPUAdam")
 
 
-def build_optimizer(spec, params, process_group=None) -> torch.optim.Optimizer:
-    """An optimizer from a NamedConfig(type, params) over ``params`` (tensors or param-group dicts)."""
+def build_optimizer(spec, params, process_group=None, offload: bool = False) -> torch.optim.Optimizer:
+    """An optimizer from a NamedConfig(type, params) over ``params`` (tensors or param-group dicts).
+
+    With ``offload`` (ZeRO-Offload), Adam and AdamW run as our multi-threaded CPU Adam, as
+    DeepSpeed builds DeepSpeedCPUAdam, unless ``torch_adam: true`` asks for torch's.
+    """
     name = spec.type.lower()
     kwargs = dict(spec.params)
     if "betas" in kwargs:
         kwargs["betas"] = tuple(kwargs["betas"])
     try:
+        if name in ("adam", "adamw") and offload and not kwargs.get("torch_adam", False):
+            from launcher.zero.cpu_adam import CPUAdam
+
+            adamw_mode = name == "adamw" or kwargs.pop("adam_w_mode", True)
+            bias_correction = kwargs.pop("bias_correction", True)
+            for key in _ADAM_ONLY_KEYS:
+                kwargs.pop(key, None)
+            return CPUAdam(params, adamw_mode=adamw_mode, bias_correction=bias_correction, **kwargs)
         if name in ("adam", "adamw"):
             adam_w_mode = kwargs.pop("adam_w_mode", True)
             if kwargs.pop("bias_correction", True) is not True:
