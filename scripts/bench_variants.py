@@ -1,0 +1,184 @@
+"""How each benchmark variant turns the GPT into a training step (runs inside one worker).
+
+A variant is a function (model, settings) -> step, where step(idx, targets) runs one full
+training step (forward, backward, clip, optimizer) and returns the loss tensor. A variant
+that cannot run here raises Unavailable with the reason.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+# Issue 7's targets: minimum tokens/s ratio to plain PyTorch, per variant.
+TARGETS = {"zero0": 0.97, "zero1": 0.97, "zero2": 0.97, "zero3": 0.95, "zero2_offload": 0.60}
+
+
+class Unavailable(Exception):
+    """The variant cannot run in this environment (missing package or engine feature)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What every variant shares: batch, optimizer hyper-parameters, clipping."""
+
+    batch: int
+    device: torch.device
+    lr: float = 3e-4
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = 1.0
+
+
+def _adamw(params, settings: Settings) -> torch.optim.Optimizer:
+    kwargs = dict(lr=settings.lr, betas=settings.betas, weight_decay=settings.weight_decay)
+    try:
+        return torch.optim.AdamW(params, fused=True, **kwargs)
+    except (RuntimeError, TypeError, ValueError):  # fused not supported for these tensors
+        return torch.optim.AdamW(params, foreach=True, **kwargs)
+
+
+def _autocast(settings: Settings):
+    return torch.autocast(device_type=settings.device.type, dtype=torch.bfloat16)
+
+
+def plain(model: torch.nn.Module, settings: Settings) -> Step:
+    """Plain PyTorch: fp32 weights, autocast bf16, fused AdamW, clip by global norm."""
+    optimizer = _adamw(model.parameters(), settings)
+
+    def step(idx, targets):
+        with _autocast(settings):
+            loss = model(idx, targets)
+        loss.backward()
+        if settings.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip, foreach=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
+def _init_process_group(device: torch.device) -> None:
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+
+
+def fsdp2(model: torch.nn.Module, settings: Settings) -> Step:
+    """FSDP2 (fully_shard per block, then the root), bf16 compute and fp32 reduction."""
+    try:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    except ImportError:
+        try:
+            from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
+        except ImportError as exc:
+            raise Unavailable(f"FSDP2 not in torch {torch.__version__}: {exc}") from None
+    _init_process_group(settings.device)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in model.blocks:
+        fully_shard(block, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    optimizer = _adamw(model.parameters(), settings)
+
+    def step(idx, targets):
+        loss = model(idx, targets)
+        loss.backward()
+        if settings.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip, foreach=True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
+def engine_config(stage: int, offload: bool, settings: Settings) -> dict:
+    """The DeepSpeed-style config both our engine and DeepSpeed get for a stage."""
+    zero: dict = {"stage": stage}
+    if offload:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    return {
+        "train_micro_batch_size_per_gpu": settings.batch,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": settings.grad_clip,
+        "bf16": {"enabled": True},
+        "zero_optimization": zero,
+        "optimizer": {"type": "AdamW", "params": {
+            "lr": settings.lr, "betas": list(settings.betas), "eps": 1e-8,
+            "weight_decay": settings.weight_decay}},
+        "steps_per_print": 10**9,
+    }
+
+
+def _engine_step(engine) -> Step:
+    def step(idx, targets):
+        loss = engine(idx, targets)
+        engine.backward(loss)
+        engine.step()
+        return loss
+
+    return step
+
+
+def ours(stage: int, offload: bool = False):
+    """Our engine, launcher.zero, at a stage (with optimizer offload to CPU if asked)."""
+
+    def build(model: torch.nn.Module, settings: Settings) -> Step:
+        try:
+            from launcher import zero
+        except ImportError as exc:
+            raise Unavailable(f"launcher.zero not importable: {exc}") from None
+        try:
+            zero.initialize  # noqa: B018 - lazy attribute: imports the engine
+        except (ImportError, AttributeError) as exc:
+            raise Unavailable(f"launcher.zero.initialize not importable: {exc}") from None
+        config = engine_config(stage, offload, settings)
+        try:
+            engine, _, _, _ = zero.initialize(model=model, config=config)
+        except (ImportError, NotImplementedError) as exc:
+            raise Unavailable(f"stage {stage}{' offload' if offload else ''}: "
+                              f"{type(exc).__name__}: {exc}") from None
+        except Exception as exc:  # our typed errors: a stage or option not built yet
+            if type(exc).__module__.startswith("launcher"):
+                raise Unavailable(f"stage {stage}{' offload' if offload else ''}: "
+                                  f"{type(exc).__name__}: {exc}") from None
+            raise
+        return _engine_step(engine)
+
+    return build
+
+
+def deepspeed(stage: int, offload: bool = False):
+    """DeepSpeed (when installed) on the same config; FusedAdam / DeepSpeedCPUAdam."""
+
+    def build(model: torch.nn.Module, settings: Settings) -> Step:
+        if settings.device.type != "cuda":
+            # On CPU DeepSpeed JIT-compiles its CPU ops first, minutes on a small machine.
+            raise Unavailable("DeepSpeed variants run on CUDA only")
+        try:
+            import deepspeed as ds
+        except ImportError as exc:
+            raise Unavailable(f"deepspeed not installed: {exc}") from None
+        ds.init_distributed(dist_backend="nccl" if settings.device.type == "cuda" else "gloo")
+        engine, _, _, _ = ds.initialize(model=model, model_parameters=model.parameters(),
+                                        config=engine_config(stage, offload, settings))
+        return _engine_step(engine)
+
+    return build
+
+
+VARIANTS: dict[str, Callable[[torch.nn.Module, Settings], Step]] = {
+    "plain": plain,
+    "fsdp2": fsdp2,
+    **{f"zero{s}": ours(s) for s in range(4)},
+    "zero2_offload": ours(2, offload=True),
+    "zero3_offload": ours(3, offload=True),
+    **{f"ds_zero{s}": deepspeed(s) for s in range(4)},
+    "ds_zero2_offload": deepspeed(2, offload=True),
+    "ds_zero3_offload": deepspeed(3, offload=True),
+}
