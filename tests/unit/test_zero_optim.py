@@ -45,3 +45,17 @@ def test_adam_means_adamw_unless_adam_w_mode_false():
 def test_optimizer_errors(spec, match):
     with pytest.raises(ConfigError, match=match):
         build_optimizer(spec, params())
+
+
+def test_adam_reads_generator_params_once_and_stays_unfused_on_cpu():
+    import torch
+
+    from launcher.zero.config_schema import NamedConfig
+    from launcher.zero.optim import build_optimizer
+    model = torch.nn.Linear(4, 2)
+    opt = build_optimizer(NamedConfig("Adam", {"lr": 1e-3}), model.parameters())
+    assert sum(len(g["params"]) for g in opt.param_groups) == 2
+    assert not opt.defaults.get("fused")
+    groups = [{"params": (p for p in model.parameters()), "weight_decay": 0.0}]
+    opt = build_optimizer(NamedConfig("AdamW", {"lr": 1e-3}), groups)
+    assert len(opt.param_groups[0]["params"]) == 2

@@ -36,11 +36,16 @@ def build_optimizer(spec, params, process_group=None, offload: bool = False) -> 
             if kwargs.pop("bias_correction", True) is not True:
                 raise ConfigError("optimizer.params.bias_correction: only true is supported",
                                   hint="remove bias_correction")
+            fused = kwargs.pop("fused", None)
             for key in _ADAM_ONLY_KEYS:
                 kwargs.pop(key, None)
+            params = _materialize(params)
+            # one fused kernel over all tensors on the GPU (the foreach path makes several passes)
+            if fused is None:
+                fused = _all_on_cuda(params)
             # DeepSpeed: "Adam" means decoupled weight decay unless adam_w_mode is false
             cls = torch.optim.AdamW if (name == "adamw" or adam_w_mode) else torch.optim.Adam
-            return cls(params, **kwargs)
+            return cls(params, fused=bool(fused) or None, **kwargs)
         if name == "lamb":
             from launcher.zero.optim.lamb import Lamb
 
@@ -61,6 +66,23 @@ def build_optimizer(spec, params, process_group=None, offload: bool = False) -> 
     except (TypeError, ValueError) as error:
         raise ConfigError(f"optimizer.params: {spec.type}: {error}",
                           hint=f"check the constructor arguments of {spec.type}") from None
+
+
+def _materialize(params) -> list:
+    """Params as a list (of tensors, or of group dicts with list 'params'): safe to read twice."""
+    items = [params] if torch.is_tensor(params) else list(params)
+    result = []
+    for item in items:
+        if isinstance(item, dict):
+            inner = item["params"]
+            item = {**item, "params": [inner] if torch.is_tensor(inner) else list(inner)}
+        result.append(item)
+    return result
+
+
+def _all_on_cuda(params: list) -> bool:
+    tensors = [t for item in params for t in (item["params"] if isinstance(item, dict) else [item])]
+    return bool(tensors) and all(torch.is_tensor(t) and t.is_cuda for t in tensors)
 
 
 def check_zero_support(optimizer: torch.optim.Optimizer, stage: int, allow_untested: bool) -> None:
