@@ -40,3 +40,8 @@ def get_runner(name: str):
 
 def node_label(node: NodePlan) -> str:
     return f"node {node.node_rank} ({node.host})"
+
+
+def one_command_for_all(plan: JobPlan, command: list[str]) -> list[list[str]]:
+    """For runners whose single process (pdsh, mpirun, srun) starts every node's agent."""
+    return [list(command) for _ in plan.nodes]

@@ -11,7 +11,7 @@ import shlex
 
 from launcher.controller import launch_one_runner
 from launcher.plan import JobPlan
-from launcher.runners.base import ControlEndpoint, agent_argv
+from launcher.runners.base import ControlEndpoint, agent_argv, one_command_for_all
 
 
 def command(plan: JobPlan, endpoint: ControlEndpoint, as_root: bool | None = None) -> list[str]:
@@ -27,8 +27,7 @@ def command(plan: JobPlan, endpoint: ControlEndpoint, as_root: bool | None = Non
 
 
 def render(plan: JobPlan, endpoint: ControlEndpoint) -> list[list[str]]:
-    full = command(plan, endpoint)
-    return [full for _ in plan.nodes]
+    return one_command_for_all(plan, command(plan, endpoint))
 
 
 def launch(plan: JobPlan) -> int:

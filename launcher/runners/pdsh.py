@@ -11,7 +11,7 @@ import shlex
 from launcher.controller import launch_one_runner
 from launcher.errors import UsageError
 from launcher.plan import JobPlan
-from launcher.runners.base import ControlEndpoint, agent_argv, remote_shell_command
+from launcher.runners.base import ControlEndpoint, agent_argv, one_command_for_all, remote_shell_command
 
 
 def _ssh_args(plan: JobPlan, environ: dict[str, str]) -> str:
@@ -32,8 +32,7 @@ def command(plan: JobPlan, endpoint: ControlEndpoint) -> list[str]:
 
 
 def render(plan: JobPlan, endpoint: ControlEndpoint) -> list[list[str]]:
-    full = command(plan, endpoint)
-    return [full for _ in plan.nodes]
+    return one_command_for_all(plan, command(plan, endpoint))
 
 
 def runner_env(plan: JobPlan, environ: dict[str, str]) -> dict[str, str]:

@@ -12,7 +12,7 @@ import shlex
 from launcher.controller import launch_one_runner
 from launcher.errors import UsageError
 from launcher.plan import JobPlan
-from launcher.runners.base import ControlEndpoint, agent_argv
+from launcher.runners.base import ControlEndpoint, agent_argv, one_command_for_all
 
 
 def expand_hostlist(text: str) -> list[str]:
@@ -84,8 +84,7 @@ def command(plan: JobPlan, endpoint: ControlEndpoint) -> list[str]:
 
 
 def render(plan: JobPlan, endpoint: ControlEndpoint) -> list[list[str]]:
-    full = command(plan, endpoint)
-    return [full for _ in plan.nodes]
+    return one_command_for_all(plan, command(plan, endpoint))
 
 
 def launch(plan: JobPlan) -> int:

@@ -23,9 +23,8 @@ class ParamGroup:
     layout: FlatLayout
 
 
-def collect_groups(module: torch.nn.Module, optimizer: torch.optim.Optimizer, world_size: int) -> list[ParamGroup]:
-    """Match the optimizer's param groups to the module's named, trainable parameters."""
-    names = {id(param): name for name, param in module.named_parameters()}
+def trainable_groups(optimizer: torch.optim.Optimizer, names: dict[int, str]) -> list[tuple[int, list]]:
+    """(group index, trainable params) per optimizer group; each must be the model's, and once."""
     groups, seen = [], set()
     for index, group in enumerate(optimizer.param_groups):
         params = [p for p in group["params"] if p.requires_grad]
@@ -37,6 +36,15 @@ def collect_groups(module: torch.nn.Module, optimizer: torch.optim.Optimizer, wo
                 raise ConfigError("model_parameters: a parameter appears in two optimizer param groups",
                                   hint="give every parameter to exactly one group")
             seen.add(id(param))
+        groups.append((index, params))
+    return groups
+
+
+def collect_groups(module: torch.nn.Module, optimizer: torch.optim.Optimizer, world_size: int) -> list[ParamGroup]:
+    """Match the optimizer's param groups to the module's named, trainable parameters."""
+    names = {id(param): name for name, param in module.named_parameters()}
+    groups = []
+    for index, params in trainable_groups(optimizer, names):
         group_names = [names[id(p)] for p in params]
         layout = flat_layout(group_names, [tuple(p.shape) for p in params], world_size)
         groups.append(ParamGroup(index=index, names=group_names, params=params, layout=layout))

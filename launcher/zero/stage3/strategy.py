@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from launcher.zero.collectives import gradient_scales
 from launcher.zero.errors import ConfigError
+from launcher.zero.flat import trainable_groups
 from launcher.zero.stage3 import params as P
 from launcher.zero.stage3.comm import reduce_scatter_shard
 from launcher.zero.stage3.coordinator import ParamCoordinator, Stage3Options
@@ -61,7 +62,7 @@ class Stage3Strategy(ZeroStrategy):
         self.shard_device = torch.device("cpu") if self.offload_param else ctx.dist.device
         self.pre_scale, self.post_scale = gradient_scales(ctx.config, ctx.dist.world_size)
         names = {id(p): n for n, p in module.named_parameters()}
-        trainable = self._trainable_groups(optimizer, names)
+        trainable = trainable_groups(optimizer, names)
         self._place_parameters(module, trainable)
         # full shapes by name, for checkpoints (ckpt.py reads this) and users
         self.param_shapes = {n: tuple(P.full_shape(p)) for n, p in module.named_parameters()}
@@ -96,21 +97,6 @@ class Stage3Strategy(ZeroStrategy):
                     self._hooks.append(p.register_hook(lambda grad, param=p: P.give_shape(param)))
                     self._hooks.append(p.register_post_accumulate_grad_hook(
                         lambda param, g=position, s=slot_index: self._on_grad(g, s)))
-
-    def _trainable_groups(self, optimizer, names) -> list[tuple[int, list[torch.nn.Parameter]]]:
-        groups, seen = [], set()
-        for index, group in enumerate(optimizer.param_groups):
-            params = [p for p in group["params"] if p.requires_grad]
-            for p in params:
-                if id(p) not in names:
-                    raise ConfigError("model_parameters: a parameter given to the optimizer is not part of the model",
-                                      hint="pass model.parameters() (or groups of them) as model_parameters")
-                if id(p) in seen:
-                    raise ConfigError("model_parameters: a parameter appears in two optimizer param groups",
-                                      hint="give every parameter to exactly one group")
-                seen.add(id(p))
-            groups.append((index, params))
-        return groups
 
     def _place_parameters(self, module, trainable) -> None:
         """Partition what is big enough, keep the rest whole; every rank starts from rank 0's values."""
