@@ -239,11 +239,23 @@ def _barrier(engine) -> None:
 
 
 def _all_gather_object(engine, value) -> list:
+    """Every rank's JSON-able `value`, as JSON bytes in tensors.
+
+    torch's all_gather_object needs numpy (an optional dependency of torch) to decode.
+    """
     if engine.dist.world_size == 1:
         return [value]
-    gathered = [None] * engine.dist.world_size
-    dist.all_gather_object(gathered, value, group=engine.dist.group)
-    return gathered
+    device, group, world = engine.dist.device, engine.dist.group, engine.dist.world_size
+    data = torch.tensor(list(json.dumps(value).encode()), dtype=torch.uint8, device=device)
+    length = torch.tensor([data.numel()], dtype=torch.int64, device=device)
+    lengths = [torch.zeros_like(length) for _ in range(world)]
+    dist.all_gather(lengths, length, group=group)
+    longest = int(max(n.item() for n in lengths))
+    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+    padded[:data.numel()] = data
+    chunks = [torch.zeros_like(padded) for _ in range(world)]
+    dist.all_gather(chunks, padded, group=group)
+    return [json.loads(bytes(chunk[:int(n.item())].tolist()).decode()) for chunk, n in zip(chunks, lengths)]
 
 
 def _check_tag(engine, tag: str) -> None:
