@@ -62,7 +62,11 @@ def _shard(engine, fragments) -> dict:
             else:
                 record[SCALAR][key] = value.detach().cpu().clone() if torch.is_tensor(value) else value
         records.append(record)
-    return {"format": fmt.FORMAT_VERSION, "rank": engine.dist.rank, "fragments": records, "rng": _rng_state()}
+    shard = {"format": fmt.FORMAT_VERSION, "rank": engine.dist.rank, "fragments": records, "rng": _rng_state()}
+    extra = getattr(engine.optimizer, "extra_state_dict", None)
+    if extra is not None:  # per-rank optimizer state beyond the parameters (1-bit Adam's error buffers)
+        shard["optimizer_extra"] = extra()
+    return shard
 
 
 def _model_states(engine, module_state, client_state) -> dict:
@@ -212,6 +216,9 @@ def _restore_training_state(engine, path, states, metadata, shards, load_optimiz
     if metadata["world_size"] == engine.dist.world_size:  # RNG streams are per rank
         own = shards.get(engine.dist.rank) or fmt.load_file(os.path.join(path, fmt.shard_name(engine.dist.rank)))
         _set_rng_state(own["rng"])
+        restore = getattr(engine.optimizer, "load_extra_state_dict", None)
+        if load_optimizer_states and restore is not None and own.get("optimizer_extra") is not None:
+            restore(own["optimizer_extra"])
 
 
 # ---- helpers --------------------------------------------------------------------------------------

@@ -57,6 +57,8 @@ def worker(out_dir):
     engine2.load_checkpoint(os.path.join(out_dir, "ckpt"))
     result["resumed_global_step"] = opt2.global_step
     result["resumed_compressing"] = opt2.compressing
+    result["saved_errors"] = {k: opt.extra_state_dict()[k] for k in ("worker_error", "server_error")}
+    result["resumed_errors"] = {k: opt2.extra_state_dict()[k] for k in ("worker_error", "server_error")}
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
 
@@ -91,6 +93,10 @@ def test_engine_leaves_communication_to_the_optimizer(ranks):
 def test_engine_checkpoint_resumes_in_the_compressed_phase(ranks):
     for r in range(WORLD_SIZE):
         assert ranks[r]["resumed_global_step"] == 4 and ranks[r]["resumed_compressing"]
+        for key in ("worker_error", "server_error"):  # the error feedback survives the checkpoint
+            saved, resumed = ranks[r]["saved_errors"][key], ranks[r]["resumed_errors"][key]
+            assert saved is not None and saved.abs().sum() > 0
+            torch.testing.assert_close(resumed, saved, rtol=0, atol=0)
 
 
 if __name__ == "__main__":

@@ -192,7 +192,8 @@ class OnebitAdam(torch.optim.Optimizer):
         comm = self._comm()
         same_rank = extra.get("rank") == comm.rank and extra.get("world_size") == comm.world_size
         if same_rank and extra.get("worker_error") is not None:
-            device = self._params()[0].device
+            # any parameter tells the device: right after a load none has a grad yet
+            device = next(p for group in self.param_groups for p in group["params"]).device
             self._worker_error = extra["worker_error"].to(device=device, dtype=torch.float32).clone()
             self._server_error = extra["server_error"].to(device=device, dtype=torch.float32).clone()
 
