@@ -85,8 +85,10 @@ def test_model_built_under_init_never_holds_its_full_size():
         assert built["shard_bytes"] == full // 2, built
         # control: without Init the whole model is resident, so the counter sees it
         assert built["plain_peak"] > 0.9 * full, built
-        # with Init: half the model (this rank's shards) plus about one layer under construction
-        assert built["init_peak"] < 0.5 * full + 4 * (WIDTH * WIDTH * 4), built
+        # with Init: half the model (this rank's shards) plus a layer or two under construction;
+        # RSS also carries allocator slack (seen up to ~4.3 layers in CI), so allow 6 layers: still
+        # far below the plain build (> 0.9 of the full model)
+        assert built["init_peak"] < 0.5 * full + 6 * (WIDTH * WIDTH * 4), built
         assert built["init_peak"] < 0.75 * full, built
         assert trained["parity_error"] < 1e-5, trained
 
