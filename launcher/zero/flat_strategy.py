@@ -58,6 +58,18 @@ class FlatStrategy(ZeroStrategy):
         raise NotImplementedError
 
     # ---- shared behaviour ----------------------------------------------------------------
+    def attach_grad_buffers(self, arm: bool) -> None:
+        """Stages that keep whole gradients (0, 1): point grads at the buffers; arm the buckets."""
+        for grads in self.grad_buffers:
+            grads.attach()
+        if arm:
+            self.queue.arm()
+
+    def absorb_grad(self, group_index: int, slot: int) -> None:
+        """A parameter's gradient is ready: take it into its buffer and mark its bucket."""
+        self.grad_buffers[self.group_position(group_index)].absorb(slot)
+        self.queue.mark((group_index, slot))
+
     @property
     def communicates(self) -> bool:
         return self.context.reduce_gradients and self.context.dist.world_size > 1

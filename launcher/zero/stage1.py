@@ -18,14 +18,10 @@ class Stage1Strategy(PartitionedStrategy):
         self.grad_buffers = [GradBuffer(group, ctx.dist.device, ctx.precision.grad_accum_dtype) for group in self.groups]
 
     def pre_backward(self, is_boundary: bool) -> None:
-        for grads in self.grad_buffers:
-            grads.attach()
-        if is_boundary:
-            self.queue.arm()
+        self.attach_grad_buffers(arm=is_boundary)
 
     def on_grad(self, group_index: int, slot: int) -> None:
-        self.grad_buffers[self.group_position(group_index)].absorb(slot)
-        self.queue.mark((group_index, slot))
+        self.absorb_grad(group_index, slot)
 
     def launch(self, bucket_index: int) -> None:
         group_index, bucket = self.plan[bucket_index]
