@@ -51,6 +51,7 @@ class Agent:
         self.last_heard = time.monotonic()
         self.heartbeat_timeout = 10.0
         self.pending_stop: tuple[str, int] | None = None
+        self.listener = None  # node 0's rendezvous listener while the preflight runs
 
     def run(self) -> int:
         self.channel.send({"type": "hello", "token": self.token, "node_rank": self.node_rank,
@@ -82,16 +83,41 @@ class Agent:
         return 0 if result.ok else 1
 
     def _wait_for_plan(self) -> dict | None:
-        while True:
-            message = self.channel.recv()
-            if message is None:
-                return None
-            if message["type"] == "pick_port":
-                self.channel.send({"type": "port", "port": free_port()})
-            elif message["type"] == "plan":
-                return message
-            elif message["type"] == "stop":
-                return None
+        try:
+            while True:
+                message = self.channel.recv()
+                if message is None:
+                    return None
+                if message["type"] == "pick_port":
+                    self.channel.send({"type": "port", "port": free_port()})
+                elif message["type"] in ("probe", "probe_end"):
+                    self.channel.send(self._preflight(message))
+                elif message["type"] == "plan":
+                    return message
+                elif message["type"] == "stop":
+                    return None
+        finally:
+            if self.listener is not None:
+                self.listener.close()
+
+    def _preflight(self, message: dict) -> dict:
+        """Answer dslaunch's pre-launch checks from where the ranks will run (see preflight.via_agents)."""
+        from launcher.preflight import remote_probe
+        if message["type"] == "probe_end":
+            listener, self.listener = self.listener, None
+            tokens = listener.wait_for(message.get("expect") or [], 2.0) if listener else []
+            if listener is not None:
+                listener.close()  # the port is the ranks' again
+            return {"type": "probe_tokens", "tokens": tokens}
+        params = message["params"]
+        listening = None
+        try:
+            if params.get("listen"):
+                self.listener, listening = remote_probe.open_listener(params)
+            result = remote_probe.collect(params, self.listener, as_the_ranks_will=False)
+        except Exception as exc:  # a bug in a check must be a finding, not a dead agent
+            return {"type": "probe_result", "result": None, "error": f"{type(exc).__name__}: {exc}"}
+        return {"type": "probe_result", "result": result, "listening": listening}
 
     def stop(self, reason: str, signum: int = signal.SIGTERM) -> None:
         if self.supervisor is not None:

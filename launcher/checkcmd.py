@@ -1,7 +1,7 @@
 """`dslaunch --check` and the fast preflight before every multi-node launch."""
 from __future__ import annotations
 
-import os
+import sys
 
 from launcher import console
 from launcher.errors import EXIT_PREFLIGHT, PreflightError, UsageError
@@ -35,13 +35,9 @@ def run_check(plan: JobPlan, hosts: list[Host] | None, options: LaunchOptions, a
     return 0 if report.ok else EXIT_PREFLIGHT
 
 
-def run_fast_preflight(plan: JobPlan, hosts: list[Host] | None, options: LaunchOptions) -> None:
-    """ssh, versions and the rendezvous port, on every host, before anything starts."""
-    from launcher.preflight import run_preflight
-    report = run_preflight(_plan_hosts(plan, hosts), _request(plan, options, fast=True))
-    if report.ok:
-        return
+def preflight_failed(report) -> None:
+    """Show the failed checks and stop the launch (exit 3); nothing has started on any node."""
     console.say("preflight failed; nothing was started on any node:")
-    print(report.format_table(), file=__import__("sys").stderr)
+    print(report.format_table(), file=sys.stderr)
     raise PreflightError(f"{len(report.failed_hosts)} host(s) failed the preflight",
                          hint="fix what the table says, or skip the checks with --no-preflight")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from launcher import console
+from launcher.checkcmd import preflight_failed
 from launcher.errors import EXIT_SIGINT, LaunchError
 from launcher.netinfo import local_address_toward
 from launcher.plan import JobPlan, with_master_port
@@ -51,6 +52,7 @@ class Controller:
         self.last_heard: dict[int, float] = {}
         self.done: set[int] = set()
         self.hostnames: dict[int, str] = {}
+        self.hellos: dict[int, dict] = {}
         self.listener = socket.create_server(("0.0.0.0", 0), backlog=len(plan.nodes) + 8)
         remote = next((n for n in plan.nodes if not n.is_local), plan.nodes[0])
         toward = plan.master_addr if not remote.is_local else "127.0.0.1"
@@ -117,8 +119,10 @@ class Controller:
             if not plans_sent:
                 early = self._startup_problem(started, deadline)
                 if early:
-                    raise LaunchError(early, hint="run 'dslaunch --check' with the same hostfile to see why")
+                    self._startup_failed(early)
                 if len(self.channels) == expected:
+                    if plan.preflight:
+                        self._preflight()
                     plan = self._send_plans()
                     plans_sent = True
             if now >= next_heartbeat:
@@ -150,6 +154,7 @@ class Controller:
         if kind == "hello":
             self.channels[node_rank] = message["channel"]
             self.hostnames[node_rank] = message.get("hostname", host)
+            self.hellos[node_rank] = {"hostname": self.hostnames[node_rank], "pid": message.get("pid")}
         elif kind == "output":
             console.print_rank_line(RankOutput(message["rank"], message["stream"], message["line"]))
         elif kind == "exit":
@@ -168,9 +173,10 @@ class Controller:
     def _send_plans(self) -> JobPlan:
         plan = self.plan
         if plan.master_port == 0:
-            self.channels[0].send({"type": "pick_port"})
-            port = self._wait_for(0, "port")["port"]
-            plan = self.plan = with_master_port(plan, port)
+            answer = self.ask([0], lambda _r: {"type": "pick_port"}, "port").get(0)
+            if answer is None:
+                raise LaunchError(f"{_names(plan, [0])} did not say which port is free")
+            plan = self.plan = with_master_port(plan, int(answer["port"]))
         job = {"master_addr": plan.master_addr, "workdir": plan.workdir, "log_dir": plan.log_dir,
                "heartbeat_timeout": plan.heartbeat_timeout, "grace": self.grace}
         for node in plan.nodes:
@@ -180,14 +186,49 @@ class Controller:
             self.last_heard[node.node_rank] = now
         return plan
 
-    def _wait_for(self, node_rank: int, kind: str) -> dict:
-        deadline = time.monotonic() + 15
+    def ask(self, node_ranks, message_for: Callable[[int], dict], reply_type: str,
+            timeout: float = 15.0) -> dict[int, dict]:
+        """Send `message_for(rank)` to each agent; {rank: reply} for those that answered in time.
+
+        Other messages meanwhile are handled as usual; an agent that goes away ends its wait."""
+        wanted = set(node_ranks)
+        for rank in wanted:
+            self.channels[rank].send(message_for(rank))
+        replies: dict[int, dict] = {}
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            rank, message = self.events.get(timeout=15)
-            if rank == node_rank and message["type"] == kind:
-                return message
-            self._handle(rank, message, None)
-        raise LaunchError(f"node {node_rank} did not answer '{kind}' in time")
+            waiting = wanted - replies.keys() - self.done
+            if not waiting:
+                break
+            try:
+                rank, message = self.events.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if rank in wanted and message["type"] == reply_type:
+                replies[rank] = message
+            else:
+                self._handle(rank, message, None)
+        return replies
+
+    def _preflight(self) -> None:
+        """The fast checks, asked of the agents; a failure stops every agent before any rank starts."""
+        from launcher.preflight.via_agents import check_via_agents, hosts_of, request_for
+        report = check_via_agents(hosts_of(self.plan), request_for(self.plan), self.ask, self.hellos)
+        if not report.ok:
+            self.broadcast({"type": "stop", "reason": "preflight failed"})
+            preflight_failed(report)
+
+    def _startup_failed(self, problem: str) -> None:
+        """An agent could not start: with the preflight on, ask ssh itself (paramiko) why."""
+        self.broadcast({"type": "stop", "reason": "an agent could not start"})
+        if self.plan.preflight and self.plan.launcher != "slurm":
+            from launcher.preflight import run_preflight
+            from launcher.preflight.via_agents import hosts_of, request_for
+            report = run_preflight(hosts_of(self.plan), request_for(self.plan))
+            if not report.ok:
+                console.say(problem)
+                preflight_failed(report)
+        raise LaunchError(problem, hint="run 'dslaunch --check' with the same hostfile to see why")
 
     def _startup_problem(self, started: list[Started], deadline: float) -> str | None:
         for item in started:

@@ -54,10 +54,7 @@ def run(flags: dict) -> int:
         return 0
     for note in plan.notes:
         console.say(note)
-    # Slurm starts the agents itself: its nodes need not accept ssh, so no ssh preflight
-    if plan.is_multi_node and plan.launcher != "slurm" and not flags.get("no_preflight"):
-        from launcher.checkcmd import run_fast_preflight
-        run_fast_preflight(plan, hosts, options)
+    # unless --no-preflight, the agents check their nodes before any rank starts (controller.py)
     return runner.launch(plan)
 
 

@@ -43,6 +43,7 @@ class LaunchOptions:
     remote_python: str | None = None
     workdir: str | None = None
     heartbeat_timeout: float = 10.0
+    no_preflight: bool = False
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ class JobPlan:
     heartbeat_timeout: float = 10.0
     env_files: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    preflight: bool = False  # agents check their nodes before any rank starts (multi-node)
 
     @property
     def is_multi_node(self) -> bool:
@@ -142,7 +144,8 @@ def build_plan(hosts: list[Host] | None, options: LaunchOptions, machine: Machin
                    launcher=launcher, workdir=workdir, python=remote_python if launcher != "local"
                    else machine.python, nodes=tuple(nodes), launcher_args=options.launcher_args,
                    log_dir=options.log_dir, heartbeat_timeout=options.heartbeat_timeout,
-                   env_files=machine.env_files_used, notes=tuple(notes))
+                   env_files=machine.env_files_used, notes=tuple(notes),
+                   preflight=launcher != "local" and not options.no_preflight)
 
 
 def _check_options(options: LaunchOptions) -> None:

@@ -42,7 +42,7 @@ def port_owner(port):
                 target = os.readlink("/proc/%s/fd/%s" % (pid, fd))
                 if target.startswith("socket:[") and target[8:-1] in inodes:
                     with open("/proc/%s/cmdline" % pid, "rb") as f:
-                        cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+                        cmd = " ".join(f.read().replace(b"\0", b" ").decode(errors="replace").split())
                     return "pid %s (%s)" % (pid, cmd[:80])
         except OSError:
             continue
@@ -54,6 +54,7 @@ class Listener(object):
 
     def __init__(self, port):
         self.tokens = []
+        self.arrived = threading.Condition()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("", port))  # all interfaces, as torch's TCPStore does
@@ -77,14 +78,28 @@ class Listener(object):
                 conn.settimeout(2)
                 data = conn.recv(256).decode(errors="replace").strip()
                 if data:
-                    self.tokens.append(data)
+                    with self.arrived:
+                        self.tokens.append(data)
+                        self.arrived.notify_all()
             except OSError:
                 pass
             finally:
                 conn.close()
 
+    def wait_for(self, expected, timeout):
+        """Wait up to `timeout` s until every token in `expected` arrived; the tokens seen."""
+        deadline = time.time() + timeout
+        with self.arrived:
+            while not set(expected) <= set(self.tokens) and time.time() < deadline:
+                self.arrived.wait(max(0.0, deadline - time.time()))
+            return list(self.tokens)
+
     def close(self):
         self.done = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes accept() at once on Linux
+        except OSError:
+            pass
         self.thread.join(1)
         self.sock.close()
 
@@ -202,29 +217,38 @@ def dslaunch_facts():
             "path": os.path.dirname(getattr(launcher, "__file__", "") or "")}
 
 
-def main():
-    p = PARAMS
+def open_listener(p):
+    """The first node's rendezvous listener: (Listener or None, the 'listening' facts)."""
+    try:
+        listener = Listener(int(p["master_port"]))
+        return listener, {"ok": True, "port": listener.port}
+    except OSError as e:
+        return None, {"ok": False, "error": str(e), "owner": port_owner(int(p["master_port"]))}
+
+
+def collect(p, listener, as_the_ranks_will=True):
+    """This node's facts for the checks. `as_the_ranks_will`: enter the workdir and take the
+    ranks' PYTHONPATH and PATH first (the agent already runs there, so it only looks)."""
     full = bool(p.get("full"))
-    listener = None
-    if p.get("listen"):
-        try:
-            listener = Listener(int(p["master_port"]))
-            emit("listening", ok=True, port=listener.port)
-        except OSError as e:
-            emit("listening", ok=False, error=str(e), owner=port_owner(int(p["master_port"])))
     result = {"python": {"executable": sys.executable, "version": "%d.%d.%d" % sys.version_info[:3]}}
     workdir = p.get("workdir") or os.getcwd()
     result["workdir"] = {"path": workdir, "exists": os.path.isdir(workdir)}
-    if result["workdir"]["exists"]:
-        os.chdir(workdir)
-    # the agent runs `python -m launcher.agent` in workdir with the forwarded PYTHONPATH
-    sys.path[:0] = [x for x in (p.get("pythonpath") or "").split(os.pathsep) if x] + [os.getcwd()]
-    if p.get("path"):
-        os.environ["PATH"] = p["path"]
-    if p.get("script"):
-        result["script"] = {"path": p["script"], "exists": os.path.isfile(p["script"])}
-    result["torch"] = torch_facts(full)
-    result["dslaunch"] = dslaunch_facts()
+    saved_path = list(sys.path)
+    if as_the_ranks_will:
+        if result["workdir"]["exists"]:
+            os.chdir(workdir)
+        if p.get("path"):
+            os.environ["PATH"] = p["path"]
+    # the ranks run in workdir with the forwarded PYTHONPATH
+    sys.path[:0] = [x for x in (p.get("pythonpath") or "").split(os.pathsep) if x] + [workdir]
+    try:
+        if p.get("script"):
+            result["script"] = {"path": p["script"], "exists": os.path.isfile(p["script"])}
+        result["torch"] = torch_facts(full)
+        result["dslaunch"] = dslaunch_facts()
+    finally:
+        if not as_the_ranks_will:
+            sys.path[:] = saved_path
     if full:
         result["nvidia_smi_gpus"] = nvidia_smi_count()
     if p.get("master_addr"):
@@ -234,7 +258,16 @@ def main():
         result["connect"] = connect_to(p["master_addr"], port, p.get("token", "?"),
                                        float(p.get("connect_timeout", 3)))
         result["connect"]["port"] = port
-    emit("result", **result)
+    return result
+
+
+def main():
+    p = PARAMS
+    listener = None
+    if p.get("listen"):
+        listener, listening = open_listener(p)
+        emit("listening", **listening)
+    emit("result", **collect(p, listener))
     if listener is not None:
         deadline = time.time() + float(p.get("listen_deadline", 60))
         waiter = threading.Thread(target=sys.stdin.read)  # the sender closes stdin when done

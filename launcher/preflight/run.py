@@ -33,7 +33,7 @@ BOOTSTRAP = ("import sys,json;b=sys.stdin.buffer;p=json.loads(b.readline());n=in
              "{'__name__':'__main__','PARAMS':p})")
 
 
-class _Listening:
+class Listening:
     """The first node's listener state, shared with the other hosts' workers."""
 
     def __init__(self):
@@ -47,7 +47,7 @@ class _Listening:
 
 
 @dataclass
-class _HostState:
+class HostState:
     host: object
     index: int
     target: SshTarget | None = None
@@ -74,14 +74,14 @@ def run_preflight(hosts: Sequence, request: PreflightRequest, *, connector=None,
     started = time.monotonic()
     run = run or subprocess.run
     tool = launcher_tool_check(request.launcher, which=which, run=run)
-    states = [_HostState(h, i) for i, h in enumerate(hosts)]
+    states = [HostState(h, i) for i, h in enumerate(hosts)]
     if not states:
         return PreflightReport((), time.monotonic() - started)
     first = states[0]
     first.target = _resolve(resolve, first.host, request)
     master_addr = request.master_addr or first.target.hostname
     rendezvous = request.rendezvous
-    listening = _Listening()
+    listening = Listening()
     clients = {}
     with ThreadPoolExecutor(max_workers=min(128, 2 * len(states))) as pool:
         if not request.fast and tool is not None and tool.ok:
@@ -97,13 +97,13 @@ def run_preflight(hosts: Sequence, request: PreflightRequest, *, connector=None,
             if s.index in clients and s.checks and s.checks[0].name == "ssh" and s.checks[0].ok:
                 s.client = clients[s.index].result()
     tokens = _close_listener(first, request) if rendezvous else None
-    problems = _version_problems(states, __version__)
-    reports = tuple(_host_report(s, request, tool, problems, master_addr, rendezvous, tokens)
+    problems = version_problems(states, __version__)
+    reports = tuple(host_report(s, request, tool, problems, master_addr, rendezvous, tokens)
                     for s in states)
     return PreflightReport(reports, time.monotonic() - started)
 
 
-def _host_report(s, request, tool, problems, master_addr, rendezvous, tokens) -> HostReport:
+def host_report(s, request, tool, problems, master_addr, rendezvous, tokens) -> HostReport:
     """One host's checks in reading order: launcher tool, ssh, probe findings, rendezvous."""
     found = list(s.checks)
     if tool is not None:
@@ -129,7 +129,7 @@ def _resolve(resolve, host, request) -> SshTarget:
                          user=getattr(host, "user", None))
 
 
-def _params(s: _HostState, request, master_addr, rendezvous, listening) -> dict:
+def probe_params(s: HostState, request, master_addr, rendezvous, listening) -> dict:
     env = request.env or {}
     listen = rendezvous and s.index == 0
     return {"full": not request.fast, "workdir": request.workdir, "script": request.script,
@@ -165,7 +165,7 @@ def _check_host(s, request, connector, resolve, master_addr, rendezvous, listeni
 
 
 def _probe(s, request, master_addr, rendezvous, listening) -> None:
-    params = _params(s, request, master_addr, rendezvous, listening)
+    params = probe_params(s, request, master_addr, rendezvous, listening)
     with open(PROBE_SOURCE_PATH, "rb") as f:
         source = f.read()
     command = f"{shlex.quote(request.remote_python)} -c {shlex.quote(BOOTSTRAP)}"
@@ -215,7 +215,7 @@ def _wait(process) -> tuple[int | None, str]:
         return None, ""
 
 
-def _close_listener(first: _HostState, request) -> set[str] | None:
+def _close_listener(first: HostState, request) -> set[str] | None:
     """Stop the first node's listener; the tokens it received, or None when it never ran."""
     if first.process is None:
         return None
@@ -234,7 +234,7 @@ def _close_listener(first: _HostState, request) -> set[str] | None:
         first.session.close()
 
 
-def _version_problems(states, local_version) -> dict[str, dict]:
+def version_problems(states, local_version) -> dict[str, dict]:
     """Cross-host findings per index: python minor, torch, dslaunch vs the launcher's own."""
     def values(pick):
         return {s.index: pick(s.result) for s in states if s.result is not None}

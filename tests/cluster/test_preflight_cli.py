@@ -68,3 +68,33 @@ def test_a_launch_stops_before_starting_anything_when_a_node_fails(healthy_clust
     assert out.returncode == 3, out.stdout + out.stderr
     assert "node2" in out.stderr and "authentication failed" in out.stderr
     assert not list(tmp_path.glob("started*"))  # not even node1's ranks ran
+
+
+def _touch_script(tmp_path):
+    script = tmp_path / "touch.py"
+    script.write_text(f"open({str(tmp_path / 'started')!r} + __import__('os').environ['RANK'], 'w').close()\n")
+    return script
+
+
+def test_the_agents_catch_a_taken_master_port_before_any_rank_starts(healthy_cluster, cluster_hostfile,
+                                                                     tmp_path):
+    with healthy_cluster.port_taken(1, 29519):
+        out, _ = dslaunch("--hostfile", cluster_hostfile(2), "--master_port", 29519, _touch_script(tmp_path),
+                          cwd=tmp_path)
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "preflight failed; nothing was started on any node" in out.stderr
+    assert "master_port" in out.stderr and "port 29519 is taken on node1" in out.stderr
+    assert "node2  rendezvous" not in out.stderr  # nobody was asked to connect to a port that is taken
+    assert not list(tmp_path.glob("started*"))
+
+
+def test_a_healthy_launch_checks_through_the_agents_without_a_second_ssh(cluster_hostfile, tmp_path):
+    """The pre-launch checks ride on the agents' channels: no paramiko, no extra ssh per node."""
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "launcher", "--hostfile",
+                          str(cluster_hostfile(2)), "--master_port", "29520", str(_touch_script(tmp_path))],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert "launcher.preflight.via_agents" in imported  # the checks ran...
+    assert "paramiko" not in imported  # ...without an ssh connection of their own
+    assert sorted(p.name for p in tmp_path.glob("started*")) == ["started0", "started1", "started2", "started3"]
