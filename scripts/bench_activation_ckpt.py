@@ -6,13 +6,16 @@
 
 One training step = forward, backward, AdamW step. For every batch size the same model and
 optimizer are measured twice: plain, then with every block checkpointed
-(launcher.zero.checkpointing.checkpoint_blocks). Reported per run:
-- peak_bytes: CUDA max_memory_allocated over the timed steps (GPU only; null on CPU);
+(launcher.zero.checkpointing.checkpoint_blocks) and the head + loss run in --loss-chunks
+checkpointed pieces (checkpointing.chunked_loss; 1 leaves the head alone). Reported per run:
+- peak_bytes: CUDA max_memory_allocated over the timed steps on the GPU; on the CPU the peak
+  of one step as torch's MemTracker (torch.distributed._tools) counts every live tensor
+  (parameters, gradients, optimizer state, activations, temporaries);
 - saved_activation_bytes: bytes autograd holds for backward at the end of forward, counted
   through a saved-tensors hook (parameters excluded, shared storage counted once): works on
   CPU too and is the part checkpointing shrinks;
 - step_ms: median step time (CUDA events on GPU, perf_counter on CPU).
-Prints one JSON document; `ratios` compares checkpointed to plain (targets on the GPU:
+Prints one JSON document; `ratios` compares checkpointed to plain (targets:
 peak <= 0.5, step time cost < 40%).
 """
 
@@ -45,6 +48,8 @@ def parse_args(argv=None):
     p.add_argument("--tiny", action="store_true", help="bench_model.TINY, for CPU smoke runs")
     p.add_argument("--dtype", choices=("bf16", "fp32"), default=None, help="autocast dtype (default bf16 on CUDA)")
     p.add_argument("--cpu-checkpointing", action="store_true", help="also offload checkpoints to CPU")
+    p.add_argument("--loss-chunks", type=int, default=8,
+                   help="checkpointed pieces of the head + loss in the checkpointed run (1: not chunked)")
     p.add_argument("--device", default=None)
     return p.parse_args(argv)
 
@@ -119,15 +124,29 @@ def measure(model, opt, batch, args, device, autocast_dtype):
               "peak_bytes": None, "steady_bytes": None}
     if device.type == "cuda":
         result.update(peak_bytes=torch.cuda.max_memory_allocated(device), steady_bytes=before)
+    else:
+        result["peak_bytes"] = cpu_peak_bytes(model, opt, batch, autocast_dtype, device)
     return result
+
+
+def cpu_peak_bytes(model, opt, batch, autocast_dtype, device) -> int:
+    """Peak bytes of live tensors over one step, by torch's MemTracker (slow: one step only)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+    tracker = MemTracker()
+    tracker.track_external(model, opt)
+    with tracker:
+        train_step(model, opt, batch, autocast_dtype, device)
+    return int(tracker.get_tracker_snapshot("peak")[device]["Total"])
 
 
 def run_one(model, opt, config, batch_size, args, device, autocast_dtype, checkpointed):
     if checkpointed:
         checkpointing.configure(None, checkpoint_in_cpu=args.cpu_checkpointing)
         checkpointing.checkpoint_blocks(model)
+        model.loss_chunks = args.loss_chunks
     else:
         checkpointing.uncheckpoint_blocks(model)
+        model.loss_chunks = 1
     gen = torch.Generator().manual_seed(0)
     idx = torch.randint(config.vocab_size, (batch_size, config.seq_len + 1), generator=gen).to(device)
     try:
@@ -168,7 +187,7 @@ def main(argv=None):
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__, "dtype": dtype_name, "model": dataclasses.asdict(config),
         "params": sum(p.numel() for p in model.parameters()), "seq_len": config.seq_len,
-        "cpu_checkpointing": args.cpu_checkpointing, "runs": runs,
+        "cpu_checkpointing": args.cpu_checkpointing, "loss_chunks": args.loss_chunks, "runs": runs,
         "targets": {"peak_ratio_max": 0.5, "step_time_ratio_max": 1.4},
     }
     print(json.dumps(report, indent=2))

@@ -72,6 +72,7 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd)
         self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.loss_chunks = 1  # > 1: the head and loss run in that many checkpointed pieces
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -90,9 +91,15 @@ class GPT(nn.Module):
         x = self.wte(idx) + self.wpe(positions)
         for block in self.blocks:
             x = block(x)
-        logits = self.head(self.ln_f(x))
-        # The loss in fp32 for every variant (autocast does the same for cross_entropy).
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
+        hidden = self.ln_f(x)
+        if self.loss_chunks > 1:
+            from launcher.zero.checkpointing import chunked_loss
+            return chunked_loss(self.token_loss_sum, hidden, targets, self.loss_chunks)
+        return self.token_loss_sum(hidden.view(-1, hidden.shape[-1]), targets.reshape(-1)) / targets.numel()
+
+    def token_loss_sum(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Summed loss of (tokens, width) hidden states; in fp32 for every variant (as autocast does)."""
+        return F.cross_entropy(self.head(hidden).float(), targets, reduction="sum")
 
 
 def count_params(config: GPTConfig) -> int:

@@ -178,3 +178,28 @@ def uncheckpoint_blocks(model_or_blocks: torch.nn.Module) -> list:
             block.__class__ = type(block).__mro__[2]
             changed.append(block)
     return changed
+
+
+def chunked_loss(loss_sum, hidden: torch.Tensor, targets: torch.Tensor, chunks: int) -> torch.Tensor:
+    """The mean token loss, computed `chunks` pieces of tokens at a time, each piece checkpointed.
+
+    `loss_sum(hidden_piece, targets_piece)` maps (n, width) and (n,) to the summed loss of those
+    n tokens, e.g. `F.cross_entropy(head(h).float(), t, reduction="sum")`. Only one piece's
+    logits exist at a time, in forward and in backward (where the piece is recomputed): for a
+    language model the (tokens x vocabulary) logits, their fp32 copy and their gradient are the
+    largest tensors of the step and the part that checkpointing the blocks leaves alone.
+    Equal to `loss_sum(all) / tokens` up to the order of the summation.
+    """
+    if chunks < 1:
+        raise ConfigError(f"chunked_loss needs chunks >= 1, got {chunks}")
+    flat_hidden = hidden.reshape(-1, hidden.shape[-1])
+    flat_targets = targets.reshape(-1)
+    if flat_hidden.shape[0] != flat_targets.shape[0]:
+        raise ConfigError(f"chunked_loss: {flat_hidden.shape[0]} hidden rows but {flat_targets.shape[0]} targets")
+    if chunks == 1 or not torch.is_grad_enabled():
+        return loss_sum(flat_hidden, flat_targets) / flat_targets.numel()
+    total = None
+    for h, t in zip(flat_hidden.chunk(chunks), flat_targets.chunk(chunks)):
+        piece = checkpoint(loss_sum, h, t)
+        total = piece if total is None else total + piece
+    return total / flat_targets.numel()

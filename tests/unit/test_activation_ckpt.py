@@ -141,3 +141,58 @@ def test_checkpoint_blocks_needs_blocks():
     seq = nn.Sequential(Block(4), Block(4))
     assert len(checkpointing.checkpoint_blocks(seq)) == 2
     assert checkpointing.checkpoint_blocks(seq) == []  # already done
+
+
+def lm_pieces(seed=0, tokens=24, width=6, vocab=50):
+    torch.manual_seed(seed)
+    head = nn.Linear(width, vocab, bias=False)
+    hidden = torch.randn(2, tokens // 2, width, requires_grad=True)
+    targets = torch.randint(vocab, (2, tokens // 2))
+    return head, hidden, targets
+
+
+def loss_sum_of(head, calls=None):
+    def loss_sum(h, t):
+        if calls is not None:
+            calls.append(h.shape[0])
+        return torch.nn.functional.cross_entropy(head(h).float(), t, reduction="sum")
+    return loss_sum
+
+
+@pytest.mark.parametrize("chunks", [1, 3, 5, 24])
+def test_chunked_loss_equals_the_whole_mean_loss_and_its_gradients(chunks):
+    head, hidden, targets = lm_pieces()
+    whole = torch.nn.functional.cross_entropy(head(hidden).view(-1, 50), targets.view(-1))
+    whole.backward()
+    expected = (hidden.grad.clone(), head.weight.grad.clone())
+    hidden.grad, head.weight.grad = None, None
+    chunked = checkpointing.chunked_loss(loss_sum_of(head), hidden, targets, chunks)
+    chunked.backward()
+    assert torch.allclose(chunked, whole, atol=1e-6)
+    assert torch.allclose(hidden.grad, expected[0], atol=1e-6)
+    assert torch.allclose(head.weight.grad, expected[1], atol=1e-6)
+
+
+def test_chunked_loss_keeps_no_logits_for_backward_and_recomputes_each_piece():
+    head, hidden, targets = lm_pieces(tokens=40, vocab=1000)
+    saved = []
+    calls = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+        loss = checkpointing.chunked_loss(loss_sum_of(head, calls), hidden, targets, 4)
+    assert calls == [10, 10, 10, 10]
+    assert max(saved) < 10 * 1000  # not even one piece's logits: only the pieces' inputs
+    loss.backward()
+    assert calls == [10] * 8  # each piece ran again in backward
+
+
+@pytest.mark.parametrize("chunks, words", [(0, "chunks >= 1"), (-2, "chunks >= 1")])
+def test_chunked_loss_refuses_bad_chunks(chunks, words):
+    head, hidden, targets = lm_pieces()
+    with pytest.raises(ConfigError, match=words):
+        checkpointing.chunked_loss(loss_sum_of(head), hidden, targets, chunks)
+
+
+def test_chunked_loss_names_a_shape_mismatch():
+    head, hidden, targets = lm_pieces()
+    with pytest.raises(ConfigError, match="24 hidden rows but 12 targets"):
+        checkpointing.chunked_loss(loss_sum_of(head), hidden, targets[:, :6], 2)
