@@ -17,6 +17,18 @@ import torch.distributed as dist
 
 from launcher.zero.errors import DistributedSetupError
 
+try:
+    # Imported here, before any process group exists, on purpose. This module binds
+    # ``group=group.WORLD`` as default arguments when it is first imported, and torch imports it
+    # lazily (torch.optim's first step imports torch._dynamo, which imports it). Imported after
+    # init_process_group, its defaults keep the default group alive past destroy_process_group:
+    # the gloo worker/loop threads (and rank 0's TCPStore server) then survive our atexit teardown
+    # and the group is destroyed only by the garbage collector inside interpreter finalization,
+    # with those threads still running (the suspected cause of rare SIGABRTs of ranks at exit).
+    import torch.distributed.nn.functional  # noqa: F401
+except ImportError:  # a torch build without it cannot capture the group either
+    pass
+
 
 @dataclass(frozen=True)
 class DistContext:

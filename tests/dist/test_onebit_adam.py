@@ -49,6 +49,8 @@ def train(model, opt, rank, steps, record):
 
 def worker(out_dir, backend):
     import torch.distributed as dist
+
+    import launcher.zero.dist  # noqa: F401  before the group exists, so it really ends at exit (see dist.py)
     from launcher.zero.onebit import OnebitAdam
     from launcher.zero.onebit.comm import Collectives
 
