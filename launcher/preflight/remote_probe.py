@@ -76,7 +76,13 @@ class Listener(object):
                 return
             try:
                 conn.settimeout(2)
-                data = conn.recv(256).decode(errors="replace").strip()
+                data = b""
+                while len(data) < 256:  # to EOF: the sender closes first, so the port
+                    piece = conn.recv(256)  # keeps no TIME_WAIT here and the ranks can bind it
+                    if not piece:
+                        break
+                    data += piece
+                data = data.decode(errors="replace").strip()
                 if data:
                     with self.arrived:
                         self.tokens.append(data)
