@@ -131,3 +131,14 @@ def test_uneven_tasks_per_node_give_that_many_ranks(slurm):
     done = in_allocation(slurm, ["-N2", "-n3"], "--no-preflight", RANKS, "echo-args")
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("ENV ") == 3
+
+
+def test_the_agents_check_their_nodes_under_slurm_too(slurm, cluster, tmp_path):
+    """Slurm's nodes need not accept ssh; the agents' own checks still stop a doomed job."""
+    marker = "slurm-preflight-" + uuid.uuid4().hex[:8]
+    with cluster.port_taken(1, 29531):
+        done = in_allocation(slurm, ["-w", "node[1-2]", "--ntasks-per-node=2"], "--master_port", "29531",
+                             RANKS, "echo-args", marker)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "port 29531 is taken on node1" in done.stderr
+    assert marker not in done.stdout  # no rank ran
