@@ -14,7 +14,8 @@ checkpointed pieces (checkpointing.chunked_loss; 1 leaves the head alone). Repor
 - saved_activation_bytes: bytes autograd holds for backward at the end of forward, counted
   through a saved-tensors hook (parameters excluded, shared storage counted once): works on
   CPU too and is the part checkpointing shrinks;
-- step_ms: median step time (CUDA events on GPU, perf_counter on CPU).
+- step_ms: median step time (CUDA events on GPU, perf_counter on CPU), the two variants
+  alternating step by step so that a drift in the machine's speed hits both alike.
 Prints one JSON document; `ratios` compares checkpointed to plain (targets:
 peak <= 0.5, step time cost < 40%).
 """
@@ -39,7 +40,7 @@ from launcher.zero import checkpointing  # noqa: E402
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch-sizes", default="8,16,32", help="comma-separated micro-batch sizes")
-    p.add_argument("--steps", type=int, default=5, help="timed steps per run (after one warm-up step)")
+    p.add_argument("--steps", type=int, default=5, help="timed steps of each variant (alternating)")
     p.add_argument("--n-layer", type=int, default=GPTConfig.n_layer)
     p.add_argument("--n-embd", type=int, default=GPTConfig.n_embd)
     p.add_argument("--n-head", type=int, default=GPTConfig.n_head)
@@ -106,23 +107,18 @@ def train_step(model, opt, batch, autocast_dtype, device, counter=None):
     return loss.detach()
 
 
-def measure(model, opt, batch, args, device, autocast_dtype):
-    """One warm-up step, one counted step, then args.steps timed steps."""
+def measure(model, opt, batch, device, autocast_dtype):
+    """Memory of one variant: a warm-up step, a counted step, then the peak of one more step."""
     train_step(model, opt, batch, autocast_dtype, device)
     counter = SavedBytes(model.parameters())
     train_step(model, opt, batch, autocast_dtype, device, counter)
+    result = {"saved_activation_bytes": counter.total(), "peak_bytes": None, "steady_bytes": None}
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
         before = torch.cuda.memory_allocated(device)
-    times = []
-    for _ in range(args.steps):
-        with Timer(device) as timer:
-            train_step(model, opt, batch, autocast_dtype, device)
-        times.append(timer.ms)
-    result = {"step_ms": statistics.median(times), "saved_activation_bytes": counter.total(),
-              "peak_bytes": None, "steady_bytes": None}
-    if device.type == "cuda":
+        train_step(model, opt, batch, autocast_dtype, device)
+        torch.cuda.synchronize()
         result.update(peak_bytes=torch.cuda.max_memory_allocated(device), steady_bytes=before)
     else:
         result["peak_bytes"] = cpu_peak_bytes(model, opt, batch, autocast_dtype, device)
@@ -139,7 +135,7 @@ def cpu_peak_bytes(model, opt, batch, autocast_dtype, device) -> int:
     return int(tracker.get_tracker_snapshot("peak")[device]["Total"])
 
 
-def run_one(model, opt, config, batch_size, args, device, autocast_dtype, checkpointed):
+def set_variant(model, args, checkpointed) -> None:
     if checkpointed:
         checkpointing.configure(None, checkpoint_in_cpu=args.cpu_checkpointing)
         checkpointing.checkpoint_blocks(model)
@@ -147,20 +143,46 @@ def run_one(model, opt, config, batch_size, args, device, autocast_dtype, checkp
     else:
         checkpointing.uncheckpoint_blocks(model)
         model.loss_chunks = 1
+
+
+def step_times(model, opt, batch, args, device, autocast_dtype) -> dict:
+    """Median step time of each variant, the two alternating step by step (fair under drift)."""
+    times = {False: [], True: []}
+    for _ in range(args.steps):
+        for checkpointed in (False, True):
+            set_variant(model, args, checkpointed)
+            with Timer(device) as timer:
+                train_step(model, opt, batch, autocast_dtype, device)
+            times[checkpointed].append(timer.ms)
+    return {variant: statistics.median(found) for variant, found in times.items()}
+
+
+def run_batch(model, opt, config, batch_size, args, device, autocast_dtype) -> dict:
     gen = torch.Generator().manual_seed(0)
     idx = torch.randint(config.vocab_size, (batch_size, config.seq_len + 1), generator=gen).to(device)
+    batch = (idx[:, :-1], idx[:, 1:])
+    found = {}
     try:
-        return measure(model, opt, (idx[:, :-1], idx[:, 1:]), args, device, autocast_dtype)
+        for checkpointed in (False, True):
+            set_variant(model, args, checkpointed)
+            found[checkpointed] = measure(model, opt, batch, device, autocast_dtype)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        for checkpointed, ms in step_times(model, opt, batch, args, device, autocast_dtype).items():
+            found[checkpointed]["step_ms"] = ms
     except torch.OutOfMemoryError as exc:
         opt.zero_grad(set_to_none=True)
-        return {"error": "out of memory", "detail": str(exc).splitlines()[0]}
+        error = {"error": "out of memory", "detail": str(exc).splitlines()[0]}
+        found = {False: found.get(False, error), True: error}
     finally:
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    plain, ckpt = found[False], found[True]
+    return {"batch_size": batch_size, "plain": plain, "checkpointed": ckpt, "ratios": ratios(plain, ckpt)}
 
 
 def ratios(plain, ckpt):
-    if "error" in plain or "error" in ckpt:
+    if "error" in plain or "error" in ckpt or "step_ms" not in ckpt:
         return None
     out = {"step_time": ckpt["step_ms"] / plain["step_ms"],
            "saved_activation": ckpt["saved_activation_bytes"] / max(1, plain["saved_activation_bytes"])}
@@ -180,9 +202,7 @@ def main(argv=None):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if device.type == "cuda" else {}))
     runs = []
     for batch_size in (int(b) for b in args.batch_sizes.split(",")):
-        plain = run_one(model, opt, config, batch_size, args, device, autocast_dtype, checkpointed=False)
-        ckpt = run_one(model, opt, config, batch_size, args, device, autocast_dtype, checkpointed=True)
-        runs.append({"batch_size": batch_size, "plain": plain, "checkpointed": ckpt, "ratios": ratios(plain, ckpt)})
+        runs.append(run_batch(model, opt, config, batch_size, args, device, autocast_dtype))
     report = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__, "dtype": dtype_name, "model": dataclasses.asdict(config),
