@@ -217,6 +217,8 @@ class Controller:
         if not report.ok:
             self.broadcast({"type": "stop", "reason": "preflight failed"})
             preflight_failed(report)
+        console.say(f"preflight ok: {len(report.hosts)} node(s) passed in {report.elapsed_s * 1e3:.0f} ms "
+                    f"(versions, workdir, master port, rendezvous)")
 
     def _startup_failed(self, problem: str) -> None:
         """An agent could not start: with the preflight on, ask ssh itself (paramiko) why."""

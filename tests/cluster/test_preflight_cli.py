@@ -97,4 +97,5 @@ def test_a_healthy_launch_checks_through_the_agents_without_a_second_ssh(cluster
     imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
     assert "launcher.preflight.via_agents" in imported  # the checks ran...
     assert "paramiko" not in imported  # ...without an ssh connection of their own
+    assert "dslaunch: preflight ok: 2 node(s) passed in" in out.stderr
     assert sorted(p.name for p in tmp_path.glob("started*")) == ["started0", "started1", "started2", "started3"]
