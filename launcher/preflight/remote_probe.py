@@ -6,6 +6,8 @@ and, on the first node after its stdin closes, {"event": "tokens", ...}.
 Torch-free unless the node has NVIDIA devices and a full check was asked for.
 Plain Python 3.6+ so that an old interpreter still reports its own version.
 """
+import binascii
+import errno
 import json
 import os
 import socket
@@ -55,10 +57,7 @@ class Listener(object):
     def __init__(self, port):
         self.tokens = []
         self.arrived = threading.Condition()
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("", port))  # all interfaces, as torch's TCPStore does
-        self.sock.listen(128)
+        self.sock = listening_socket(port)
         self.port = self.sock.getsockname()[1]  # the one picked when asked for port 0
         self.sock.settimeout(0.2)
         self.done = False
@@ -110,8 +109,31 @@ class Listener(object):
         self.sock.close()
 
 
+def listening_socket(port):
+    """TCP on every interface, IPv6 and IPv4 alike where the host has IPv6 (as torch's TCPStore)."""
+    if socket.has_ipv6:
+        sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(("::", port))
+            sock.listen(128)
+            return sock
+        except OSError as e:
+            sock.close()
+            if e.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):
+                raise  # the port is taken: the finding
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("", port))
+    sock.listen(128)
+    return sock
+
+
 def interface_for(ip):
-    """Name of the local interface that holds address `ip` (Linux ioctl), or None."""
+    """Name of the local interface that holds address `ip` (IPv4 by ioctl, IPv6 by /proc), or None."""
+    if ":" in ip:
+        return _ipv6_interface(ip.split("%", 1)[0])
     try:
         import fcntl
         import struct
@@ -131,17 +153,31 @@ def interface_for(ip):
     return None
 
 
+def _ipv6_interface(ip):
+    try:
+        wanted = binascii.hexlify(socket.inet_pton(socket.AF_INET6, ip)).decode()
+        with open("/proc/net/if_inet6") as f:
+            for line in f:
+                cols = line.split()
+                if len(cols) >= 6 and cols[0] == wanted:
+                    return cols[5]
+    except (OSError, ValueError):
+        pass
+    return None
+
+
 def route_to(addr, port):
-    """{'address': resolved, 'source': local ip, 'interface': name} toward MASTER_ADDR."""
+    """{'address': resolved, 'source': local ip, 'interface': name} toward MASTER_ADDR (IPv4 or IPv6)."""
     out = {"master_addr": addr}
     try:
-        out["address"] = socket.gethostbyname(addr)
-    except OSError as e:
+        family, _, _, _, sockaddr = socket.getaddrinfo(addr, port or 9, 0, socket.SOCK_DGRAM)[0]
+    except (OSError, IndexError) as e:
         out["error"] = "cannot resolve %s: %s" % (addr, e)
         return out
-    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    out["address"] = sockaddr[0]
+    udp = socket.socket(family, socket.SOCK_DGRAM)
     try:
-        udp.connect((out["address"], port or 9))  # sends nothing: only picks the route
+        udp.connect(sockaddr)  # sends nothing: only picks the route
         out["source"] = udp.getsockname()[0]
     except OSError as e:
         out["error"] = "no route to %s: %s" % (out["address"], e)

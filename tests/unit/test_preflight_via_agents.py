@@ -19,8 +19,8 @@ def free_port():
         return s.getsockname()[1]
 
 
-def request(port, **kw):
-    return PreflightRequest(master_addr="127.0.0.1", master_port=port, fast=True, workdir=os.getcwd(), **kw)
+def request(port, master_addr="127.0.0.1"):
+    return PreflightRequest(master_addr=master_addr, master_port=port, fast=True, workdir=os.getcwd())
 
 
 class Nodes:
@@ -64,16 +64,29 @@ def checks_of(report):
     return {(h.host, c.name): c for h in report.hosts for c in h.checks}
 
 
-def run(port, **nodes_kw):
+def run(port, master_addr="127.0.0.1", **nodes_kw):
     nodes = Nodes(len(HOSTS), **nodes_kw)
     try:
-        return check_via_agents(HOSTS, request(port), nodes.ask, {0: {"hostname": "n1", "pid": 7}}), nodes
+        return check_via_agents(HOSTS, request(port, master_addr), nodes.ask, {0: {"hostname": "n1", "pid": 7}}), nodes
     finally:
         nodes.close()
 
 
-def test_healthy_nodes_pass_every_fast_check_in_order():
-    report, nodes = run(free_port())
+def has_ipv6_loopback():
+    try:
+        with socket.socket(socket.AF_INET6) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("master_addr", [
+    "127.0.0.1",
+    pytest.param("::1", marks=pytest.mark.skipif(not has_ipv6_loopback(), reason="no IPv6 loopback")),
+])
+def test_healthy_nodes_pass_every_fast_check_in_order(master_addr):
+    report, nodes = run(free_port(), master_addr)
     assert report.ok, report.format_table()
     found = checks_of(report)
     for host in ("node1", "node2"):
@@ -81,6 +94,8 @@ def test_healthy_nodes_pass_every_fast_check_in_order():
             assert found[(host, name)].ok, (host, name)
     assert found[("node1", "master_port")].ok
     assert found[("node1", "agent")].detail == "running on n1 (pid 7)"
+    assert f"reached {master_addr}:" in found[("node2", "rendezvous")].detail
+    assert "via lo" in found[("node2", "rendezvous")].detail
     # node 0 listens first, then the others connect, then node 0 says who arrived
     assert nodes.asked == [(0, "probe"), (1, "probe"), (0, "probe_end")]
 
@@ -93,10 +108,16 @@ def test_the_listener_is_gone_once_the_checks_end():
         s.bind(("", port))
 
 
-def test_a_taken_port_fails_on_node_0_naming_its_owner_and_nobody_connects():
-    with socket.socket() as holder:
+IPV6 = pytest.mark.skipif(not has_ipv6_loopback(), reason="no IPv6 loopback")
+
+
+@pytest.mark.parametrize("family, where", [(socket.AF_INET, ""), (socket.AF_INET, "127.0.0.1"),
+                                           pytest.param(socket.AF_INET6, "::", marks=IPV6),
+                                           pytest.param(socket.AF_INET6, "::1", marks=IPV6)])
+def test_a_taken_port_fails_on_node_0_naming_its_owner_and_nobody_connects(family, where):
+    with socket.socket(family) as holder:
         holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        holder.bind(("", 0))
+        holder.bind((where, 0))
         holder.listen()
         port = holder.getsockname()[1]
         report, nodes = run(port)
