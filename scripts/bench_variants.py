@@ -6,6 +6,7 @@ that cannot run here raises Unavailable with the reason.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Callable
 
@@ -48,10 +49,13 @@ def _autocast(settings: Settings):
 
 def plain(model: torch.nn.Module, settings: Settings) -> Step:
     """Plain PyTorch: fp32 weights, autocast bf16, fused AdamW, clip by global norm."""
-    optimizer = _adamw(model.parameters(), settings)
+    return _torch_step(model, _adamw(model.parameters(), settings), settings, autocast=True)
 
+
+def _torch_step(model: torch.nn.Module, optimizer, settings: Settings, autocast: bool) -> Step:
+    """forward (under autocast when asked), backward, clip by global norm, optimizer step."""
     def step(idx, targets):
-        with _autocast(settings):
+        with _autocast(settings) if autocast else contextlib.nullcontext():
             loss = model(idx, targets)
         loss.backward()
         if settings.grad_clip > 0:
@@ -83,18 +87,7 @@ def fsdp2(model: torch.nn.Module, settings: Settings) -> Step:
     for block in model.blocks:
         fully_shard(block, mp_policy=policy)
     fully_shard(model, mp_policy=policy)
-    optimizer = _adamw(model.parameters(), settings)
-
-    def step(idx, targets):
-        loss = model(idx, targets)
-        loss.backward()
-        if settings.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip, foreach=True)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss
-
-    return step
+    return _torch_step(model, _adamw(model.parameters(), settings), settings, autocast=False)
 
 
 def engine_config(stage: int, offload: bool, settings: Settings) -> dict:
