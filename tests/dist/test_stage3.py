@@ -12,8 +12,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from workers import parity_worker  # noqa: E402
+from workers.parity_worker import MBS, data, groups  # noqa: E402
+
 STEPS = 4
-MBS = 2
 LR = 0.02
 
 
@@ -24,33 +26,8 @@ def make_model(seed=0, hidden=64):
                                torch.nn.Tanh(), torch.nn.Linear(hidden, 3))
 
 
-def groups(model):
-    decay = [p for n, p in model.named_parameters() if n.endswith("weight")]
-    no_decay = [p for n, p in model.named_parameters() if n.endswith("bias")]
-    return [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def data(world_size, gas, steps, seed=1):
-    import torch
-    gen = torch.Generator().manual_seed(seed)
-    total = steps * gas * world_size * MBS
-    return torch.randn(total, 7, generator=gen), torch.randn(total, 3, generator=gen)
-
-
 def reference(world_size, gas, clip, steps):
-    import torch
-    model = make_model()
-    opt = torch.optim.AdamW(groups(model), lr=LR, betas=(0.9, 0.99), eps=1e-8)
-    x, y = data(world_size, gas, steps)
-    per_step = gas * world_size * MBS
-    for step in range(steps):
-        xs, ys = x[step * per_step:(step + 1) * per_step], y[step * per_step:(step + 1) * per_step]
-        torch.nn.functional.mse_loss(model(xs), ys).backward()
-        if clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        opt.step()
-        opt.zero_grad()
-    return model
+    return parity_worker.reference(world_size, gas, clip, steps, make=make_model, lr=LR)
 
 
 def config(gas=1, clip=0.0, bucket=500_000_000, threshold=100, stage=3, **zero):

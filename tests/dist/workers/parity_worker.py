@@ -30,9 +30,10 @@ def data(world_size, gas, steps, seed=1):
     return torch.randn(total, 7, generator=gen), torch.randn(total, 3, generator=gen)
 
 
-def reference(world_size, gas, clip, steps):
-    model = make_model()
-    opt = torch.optim.AdamW(groups(model), lr=0.05, betas=(0.9, 0.99), eps=1e-8)
+def reference(world_size, gas, clip, steps, make=make_model, lr=0.05):
+    """Single-process AdamW on the global batch: what every ZeRO stage must reproduce."""
+    model = make()
+    opt = torch.optim.AdamW(groups(model), lr=lr, betas=(0.9, 0.99), eps=1e-8)
     x, y = data(world_size, gas, steps)
     per_step = gas * world_size * MBS
     for step in range(steps):
