@@ -1,8 +1,10 @@
 """The pre-launch checks asked of the agents: the controller's sequence (preflight.via_agents)
 against the agent's real answers (Agent._preflight), on this machine, with the wire replaced
 by direct calls. The cluster tests run the same through real ssh and sockets."""
+import json
 import os
 import socket
+import subprocess
 import sys
 
 import pytest
@@ -157,9 +159,25 @@ def test_an_agent_that_never_answers_is_named_with_a_hint():
     assert "dslaunch --check" in found[("node2", "probe")].hint
 
 
-def test_the_agent_looks_where_the_ranks_will_look_without_moving():
-    cwd, path = os.getcwd(), list(sys.path)
+def test_the_agent_reports_what_the_ranks_will_import(tmp_path):
+    """torch as found through the ranks' PYTHONPATH (a fresh process: here torch is imported already)."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text("")
+    (tmp_path / "torch" / "version.py").write_text("__version__ = '9.9.9'\ncuda = None\n")
+    code = ("import json; from launcher.agent import Agent; "
+            "print(json.dumps(Agent(None, 0, 't')._preflight({'type': 'probe', 'params': "
+            f"{{'workdir': '/', 'pythonpath': {str(tmp_path)!r}}}}})['result']['torch']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert json.loads(out.stdout) == {"version": "9.9.9", "cuda_build": None}
+
+
+def test_the_agent_looks_without_moving(tmp_path):
+    before = (os.getcwd(), list(sys.path), os.environ.get("PATH"))
     agent = Agent(None, 0, "t")
-    reply = agent._preflight({"type": "probe", "params": {"workdir": "/nonexistent-dir", "pythonpath": "/x/y"}})
-    assert reply["result"]["workdir"] == {"path": "/nonexistent-dir", "exists": False}
-    assert (os.getcwd(), sys.path) == (cwd, path)
+    reply = agent._preflight({"type": "probe", "params": {"workdir": str(tmp_path), "pythonpath": "/x/y",
+                                                          "path": "/only/this"}})
+    assert reply["result"]["workdir"] == {"path": str(tmp_path), "exists": True}
+    assert (os.getcwd(), sys.path, os.environ.get("PATH")) == before
+    missing = agent._preflight({"type": "probe", "params": {"workdir": "/nonexistent-dir"}})
+    assert missing["result"]["workdir"] == {"path": "/nonexistent-dir", "exists": False}
