@@ -105,9 +105,10 @@ class Agent:
         from launcher.preflight import remote_probe
         if message["type"] == "probe_end":
             listener, self.listener = self.listener, None
-            tokens = listener.wait_for(message.get("expect") or [], 2.0) if listener else []
-            if listener is not None:
-                listener.close()  # the port is the ranks' again
+            if listener is None:
+                return {"type": "probe_tokens", "tokens": []}
+            tokens = listener.wait_for(message.get("expect") or [], 2.0)
+            listener.close()  # the port is the ranks' again
             return {"type": "probe_tokens", "tokens": tokens}
         params = message["params"]
         listening = None

@@ -51,8 +51,7 @@ class Controller:
         self.channels: dict[int, Channel] = {}
         self.last_heard: dict[int, float] = {}
         self.done: set[int] = set()
-        self.hostnames: dict[int, str] = {}
-        self.hellos: dict[int, dict] = {}
+        self.hellos: dict[int, dict] = {}  # node rank -> its agent's hostname and pid
         self.listener = socket.create_server(("0.0.0.0", 0), backlog=len(plan.nodes) + 8)
         remote = next((n for n in plan.nodes if not n.is_local), plan.nodes[0])
         toward = plan.master_addr if not remote.is_local else "127.0.0.1"
@@ -153,8 +152,7 @@ class Controller:
         host = self.plan.nodes[node_rank].host if node_rank < len(self.plan.nodes) else "?"
         if kind == "hello":
             self.channels[node_rank] = message["channel"]
-            self.hostnames[node_rank] = message.get("hostname", host)
-            self.hellos[node_rank] = {"hostname": self.hostnames[node_rank], "pid": message.get("pid")}
+            self.hellos[node_rank] = {"hostname": message.get("hostname", host), "pid": message.get("pid")}
         elif kind == "output":
             console.print_rank_line(RankOutput(message["rank"], message["stream"], message["line"]))
         elif kind == "exit":
