@@ -72,6 +72,9 @@ def init_distributed(backend: str | None = None, env: Mapping[str, str] | None =
         torch.cuda.set_device(local_rank % max(1, torch.cuda.device_count()))
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
     if dist.is_available() and dist.is_initialized():
+        # the script started the group itself; still end it before interpreter finalization,
+        # where gloo's threads dying with the group abort the process ("terminate called ...")
+        _destroy_at_exit()
         return context_from_group(None, device=device, local_rank=local_rank)
     backend = backend or ("nccl" if use_cuda else "gloo")
     timeout = timedelta(seconds=timeout_s)
@@ -91,8 +94,17 @@ def init_distributed(backend: str | None = None, env: Mapping[str, str] | None =
         init_method = f"tcp://127.0.0.1:{_free_port()}"
     dist.init_process_group(backend=backend, init_method=init_method, rank=rank, world_size=world_size,
                             timeout=timeout)
-    atexit.register(_destroy)  # we started it, so we end it (NCCL warns about leaked groups otherwise)
+    _destroy_at_exit()  # we started it, so we end it (NCCL warns about leaked groups otherwise)
     return context_from_group(None, device=device, local_rank=local_rank)
+
+
+_DESTROY_REGISTERED = []
+
+
+def _destroy_at_exit() -> None:
+    if not _DESTROY_REGISTERED:
+        _DESTROY_REGISTERED.append(True)
+        atexit.register(_destroy)
 
 
 def _destroy() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from launcher.zero.buckets import BucketQueue, plan_all_buckets, register_grad_hooks
-from launcher.zero.collectives import gradient_scales, wait
+from launcher.zero.collectives import broadcast_module_from_first, gradient_scales, wait
 from launcher.zero.errors import ConfigError
 from launcher.zero.flat import ParamGroup, collect_groups, flatten_into_buffer
 from launcher.zero.strategy import Fragment, ZeroStrategy
@@ -23,6 +23,7 @@ class FlatStrategy(ZeroStrategy):
                               hint="pass a freshly built optimizer to zero.initialize")
         ctx = self.context
         self.module, self.optimizer = module, optimizer
+        broadcast_module_from_first(module, ctx.dist)
         self.groups: list[ParamGroup] = collect_groups(module, optimizer, self.partition_count())
         self.param_buffers = [flatten_into_buffer(group, ctx.dist.device, ctx.precision.param_dtype)
                               for group in self.groups]
