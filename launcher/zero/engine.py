@@ -20,6 +20,7 @@ from launcher.zero.config_schema import ZeroConfig
 from launcher.zero.dist import DistContext
 from launcher.zero.loss_scaler import LossScaler
 from launcher.zero.monitor import Monitor, PhaseTimer
+from launcher.zero.plain_backward import BackwardHooks
 from launcher.zero.precision import PrecisionPolicy
 from launcher.zero.strategy import ZeroStrategy
 
@@ -66,6 +67,8 @@ class ZeroEngine:
         self._last_report = (time.perf_counter(), 0)
         sync = torch.cuda.synchronize if self.dist.device.type == "cuda" else None
         self.timers = PhaseTimer(self.config.wall_clock_breakdown, sync)
+        self._backward_hooks = BackwardHooks(self.strategy.stage, self._loss_factor,
+                                             self._plain_backward_prologue, self.strategy.post_backward)
 
     # ---- DeepSpeed's accessors ------------------------------------------------------------
     @property
@@ -166,6 +169,7 @@ class ZeroEngine:
         self.strategy.pre_forward()
         output = self.module(*args, **kwargs)
         self.strategy.post_forward()
+        self._backward_hooks.mark(output)
         self.timers.stop("forward")
         return output
 
@@ -184,10 +188,24 @@ class ZeroEngine:
         scaled = loss * self.loss_scaler.scale if self.loss_scaler is not None else loss
         boundary = self.is_gradient_accumulation_boundary()
         self.strategy.pre_backward(boundary)
-        scaled.backward(retain_graph=retain_graph)
+        self._backward_hooks.inside_engine_backward = True
+        try:
+            scaled.backward(retain_graph=retain_graph)
+        finally:
+            self._backward_hooks.inside_engine_backward = False
         self.strategy.post_backward(boundary)
         self.timers.stop("backward")
         return loss
+
+    def _loss_factor(self) -> float:
+        """What engine.backward multiplies the loss by: 1 / GAS, times the fp16 loss scale."""
+        factor = 1.0 / self.gradient_accumulation_steps()
+        return factor * self.loss_scaler.scale if self.loss_scaler is not None else factor
+
+    def _plain_backward_prologue(self) -> bool:
+        boundary = self.is_gradient_accumulation_boundary()
+        self.strategy.pre_backward(boundary)
+        return boundary
 
     def step(self, lr_kwargs: dict | None = None) -> None:
         """On an accumulation boundary: update (or skip on overflow), step the scheduler."""
