@@ -9,6 +9,11 @@ Backward: autograd keeps references to the tensors it saved in forward. A saved-
 replaces every saved partitioned parameter (or view of one) by a small reference, so releasing
 really frees the memory, and the unpack side gathers the parameter again right when the
 backward of the op that used it runs. Releasing after backward is the strategy's gradient hook.
+
+Access: a module may read a parameter of a child it never calls (``nn.MultiheadAttention``
+uses ``out_proj.weight`` directly). Every module owning partitioned parameters gets a
+``_parameters`` dict that gathers a released parameter when it is read while a forward runs;
+the parameter then belongs to the innermost running module and is released after it.
 """
 from __future__ import annotations
 
@@ -40,6 +45,23 @@ class _ParamRef:
         self.param, self.size, self.stride, self.offset = param, size, stride, offset
 
 
+class _GatheringParams(dict):
+    """A module's ``_parameters`` that gathers a released partitioned parameter on read in forward."""
+
+    def __init__(self, items, coordinator: "ParamCoordinator"):
+        super().__init__(items)
+        self.coordinator = coordinator
+
+    def __getitem__(self, key):
+        value = dict.__getitem__(self, key)
+        if value is not None and P.is_partitioned(value) and value.ds_state.status != P.AVAILABLE:
+            self.coordinator.on_access(value)
+        return value
+
+    def __reduce__(self):  # copies and pickles of the module get a plain dict
+        return (dict, (dict(self),))
+
+
 def _own_partitioned(module: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in module.parameters(recurse=False) if P.is_partitioned(p)]
 
@@ -60,6 +82,8 @@ class ParamCoordinator:
         self._keep: set[int] = set()               # trace positions whose params stay gathered
         self._positions: dict[int, list[int]] = {}  # id(param) -> trace positions of its modules
         self.backward_position = 0
+        self._frames: list[list[torch.nn.Parameter]] = []  # per running hooked module: params read by access
+        self._in_forward = False
 
     # ---- installation -----------------------------------------------------------------
     def install(self) -> None:
@@ -67,6 +91,7 @@ class ParamCoordinator:
             if _own_partitioned(module):
                 self._handles.append(module.register_forward_pre_hook(self._before_module))
                 self._handles.append(module.register_forward_hook(self._after_module))
+                module._parameters = _GatheringParams(module._parameters, self)
         self._handles.append(self.root.register_forward_pre_hook(self._before_root, prepend=True))
         self._handles.append(self.root.register_forward_hook(self._after_root, always_call=True))
 
@@ -74,6 +99,17 @@ class ParamCoordinator:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        for module in self.root.modules():
+            if isinstance(module._parameters, _GatheringParams):
+                module._parameters = dict(module._parameters)
+
+    def on_access(self, p) -> None:
+        """A released parameter was read: gather it while a forward (or a recomputation) runs."""
+        if not (self._in_forward or self._frames):
+            return
+        self.fetch([p])
+        if self._frames:
+            self._frames[-1].append(p)   # else the root's post-hook releases it with the rest
 
     # ---- gather / release with bookkeeping ------------------------------------------------
     def fetch(self, params, async_op: bool = False) -> None:
@@ -113,8 +149,11 @@ class ParamCoordinator:
         self._running: list[int] = []
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._saved_hooks.__enter__()
+        self._in_forward = True
 
     def _after_root(self, module, args, output):
+        self._in_forward = False
+        self._frames.clear()
         if self._saved_hooks is not None:
             self._saved_hooks.__exit__(None, None, None)
             self._saved_hooks = None
@@ -136,8 +175,11 @@ class ParamCoordinator:
             self._prefetch_after(self.position)
         self._running.append(self.position)
         self.fetch(_own_partitioned(module))
+        self._frames.append([])
 
     def _after_module(self, module, args, output):
+        for p in self._frames.pop() if self._frames else ():
+            self.release(p)
         position = self._running.pop() if self._running else -1
         if self.recorded and position in self._keep:
             return
