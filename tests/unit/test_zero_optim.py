@@ -59,3 +59,36 @@ def test_adam_reads_generator_params_once_and_stays_unfused_on_cpu():
     groups = [{"params": (p for p in model.parameters()), "weight_decay": 0.0}]
     opt = build_optimizer(NamedConfig("AdamW", {"lr": 1e-3}), groups)
     assert len(opt.param_groups[0]["params"]) == 2
+
+
+# DeepSpeed 0.19.8's constructor defaults (../shared/reference/deepspeed-engine.md §1.6, §4.3):
+# FusedAdam and DeepSpeedCPUAdam, FusedLamb, OnebitAdam. Written out here, not read from the code.
+FUSED_ADAM = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}
+LAMB = {"lr": 1e-3, "bias_correction": True, "betas": (0.9, 0.999), "eps": 1e-8, "eps_inside_sqrt": False,
+        "weight_decay": 0.0, "max_coeff": 10.0, "min_coeff": 0.01}
+ONEBIT = {"lr": 1e-3, "bias_correction": True, "betas": (0.9, 0.999), "eps": 1e-8, "eps_inside_sqrt": False,
+          "weight_decay": 0.0, "max_grad_norm": 0.0}
+
+
+@pytest.mark.parametrize("name,params,offload,cls,expected", [
+    ("Adam", {}, False, "AdamW", FUSED_ADAM),
+    ("AdamW", {}, False, "AdamW", FUSED_ADAM),
+    ("adam", {"adam_w_mode": False}, False, "Adam", FUSED_ADAM),
+    ("Adam", {}, True, "CPUAdam", {**FUSED_ADAM, "adamw_mode": True, "bias_correction": True}),
+    ("AdamW", {}, True, "CPUAdam", {**FUSED_ADAM, "adamw_mode": True, "bias_correction": True}),
+    ("Adam", {"adam_w_mode": False}, True, "CPUAdam", {**FUSED_ADAM, "adamw_mode": False}),
+    # "torch_adam": true is torch's class with torch's own defaults, as in DeepSpeed
+    ("AdamW", {"torch_adam": True}, False, "AdamW", {"lr": 1e-3, "weight_decay": 1e-2, "eps": 1e-8}),
+    ("Adam", {"torch_adam": True, "adam_w_mode": False}, False, "Adam", {"lr": 1e-3, "weight_decay": 0.0}),
+    ("Lamb", {}, False, "Lamb", LAMB),
+    ("OneBitAdam", {}, False, "OnebitAdam", ONEBIT),
+    # given values still win over the defaults
+    ("AdamW", {"weight_decay": 0.1, "lr": 0.5}, False, "AdamW", {"weight_decay": 0.1, "lr": 0.5}),
+])
+def test_optimizer_defaults_are_deepspeeds(name, params, offload, cls, expected):
+    opt = build_optimizer(NamedConfig(name, params), [torch.nn.Parameter(torch.zeros(3))], offload=offload)
+    assert type(opt).__name__ == cls
+    for key, value in expected.items():
+        assert opt.defaults[key] == value, key
+    if name.lower() == "onebitadam":
+        assert (opt.freeze_step, opt.cuda_aware, opt.comm_backend_name) == (100000, False, "nccl")

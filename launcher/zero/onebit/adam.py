@@ -48,10 +48,13 @@ class OnebitAdam(torch.optim.Optimizer):
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
                  freeze_step=100000, comm_backend_name="nccl", cuda_aware=False, process_group=None,
-                 bias_correction=True, amsgrad=False):
+                 bias_correction=True, amsgrad=False, eps_inside_sqrt=False, max_grad_norm=0.0):
         betas = tuple(betas)
         _check_args(lr, betas, eps, weight_decay, freeze_step, comm_backend_name, amsgrad)
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction)
+        # eps_inside_sqrt and max_grad_norm: DeepSpeed's signature takes them and its step reads
+        # neither; kept in the defaults so configs that set them run the same here
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, bias_correction=bias_correction,
+                        eps_inside_sqrt=eps_inside_sqrt, max_grad_norm=max_grad_norm)
         super().__init__(params, defaults)
         self.freeze_step = freeze_step
         self.comm_backend_name = comm_backend_name

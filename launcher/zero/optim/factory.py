@@ -9,6 +9,9 @@ from launcher.zero.errors import ConfigError
 
 # DeepSpeed's keys that torch's constructors do not take
 _ADAM_ONLY_KEYS = ("adam_w_mode", "torch_adam", "bias_correction", "fused", "set_grad_none")
+# DeepSpeed FusedAdam's (and DeepSpeedCPUAdam's) constructor defaults; torch's AdamW would
+# otherwise put weight_decay=0.01 on a config that names none
+_FUSED_ADAM_DEFAULTS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}
 ZERO_TESTED_OPTIMIZERS = ("Adam", "AdamW", "Adagrad", "OnebitAdam", "CPUAdam", "DeepSpeedCPUAdam")
 
 
@@ -22,6 +25,9 @@ def build_optimizer(spec, params, process_group=None, offload: bool = False) -> 
     kwargs = dict(spec.params)
     if "betas" in kwargs:
         kwargs["betas"] = tuple(kwargs["betas"])
+    if name in ("adam", "adamw") and not kwargs.get("torch_adam", False):
+        for key, value in _FUSED_ADAM_DEFAULTS.items():   # "torch_adam": true keeps torch's own
+            kwargs.setdefault(key, value)
     try:
         if name in ("adam", "adamw") and offload and not kwargs.get("torch_adam", False):
             from launcher.zero.cpu_adam import CPUAdam
