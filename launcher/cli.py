@@ -70,6 +70,8 @@ class BoundaryCommand(click.Command):
 @_opt("-m", "--module", "module", is_flag=True, help="Run SCRIPT as a module (python -m).")
 @_opt("--no_python", "no_python", is_flag=True, help="Run SCRIPT as a program, not with python.")
 @_opt("--no_local_rank", "no_local_rank", is_flag=True, help="Do not append --local_rank=N.")
+@_opt("--as-deepspeed", "--as_deepspeed", "as_deepspeed", is_flag=True,
+      help="Run a DeepSpeed script unchanged: its `import deepspeed` gets dslaunch's engine.")
 @_opt("--log_dir", "log_dir", default=None, metavar="DIR", help="Also write DIR/rank_<R>.log on each node.")
 @_opt("--remote_python", "remote_python", default=None, help="Python on the other nodes (default: this one).")
 @_opt("--workdir", "workdir", default=None, help="Working directory on every node (default: this one).")

@@ -38,6 +38,7 @@ class LaunchOptions:
     module: bool = False
     no_python: bool = False
     no_local_rank: bool = False
+    as_deepspeed: bool = False      # ranks run the script with `import deepspeed` = launcher.zero
     log_dir: str | None = None
     config: str | None = None
     remote_python: str | None = None
@@ -152,6 +153,9 @@ def _check_options(options: LaunchOptions) -> None:
     if options.module and options.no_python:
         raise UsageError("--module and --no_python cannot be used together",
                          hint="--module runs 'python -m SCRIPT'; --no_python runs SCRIPT as a program")
+    if options.as_deepspeed and options.no_python:
+        raise UsageError("--as-deepspeed and --no_python cannot be used together",
+                         hint="--as-deepspeed runs a Python script with `import deepspeed` served by dslaunch")
     if (options.include or options.exclude) and (options.num_nodes is not None or options.num_gpus is not None):
         raise FilterError("--num_nodes/--num_gpus cannot be combined with --include/--exclude",
                           hint="say which slots with --include alone, e.g. -i worker-0:0,1@worker-1")
@@ -211,12 +215,13 @@ def _rank_env(rank, local_rank, node_rank, local_world_size, world_size, num_nod
 
 
 def _rank_argv(options: LaunchOptions, python: str, local_rank: int) -> list[str]:
+    shim = ["-m", "launcher.zero.shim"] if options.as_deepspeed else []
     if options.no_python:
         argv = [options.script]
     elif options.module:
-        argv = [python, "-u", "-m", options.script]
+        argv = [python, "-u", *shim, "-m", options.script]
     else:
-        argv = [python, "-u", options.script]
+        argv = [python, "-u", *shim, options.script]
     if not options.no_local_rank:
         argv.append(f"--local_rank={local_rank}")
     return argv + list(options.script_args)

@@ -16,7 +16,8 @@ from launcher.zero.errors import CheckpointError, ConfigError
 # name -> (module, attribute or None for the module itself)
 _LAZY = {
     "initialize": ("launcher.zero.api", "initialize"),
-    "init_distributed": ("launcher.zero.dist", "init_distributed"),
+    "init_distributed": ("launcher.zero.comm", "init_distributed"),
+    "add_config_arguments": ("launcher.zero.args", "add_config_arguments"),
     "ZeroEngine": ("launcher.zero.engine", "ZeroEngine"),
     "get_fp32_state_dict_from_zero_checkpoint": ("launcher.zero.consolidate", "get_fp32_state_dict_from_zero_checkpoint"),
     "convert_zero_checkpoint_to_fp32_state_dict": ("launcher.zero.consolidate", "convert_zero_checkpoint_to_fp32_state_dict"),
@@ -27,6 +28,15 @@ _LAZY = {
     "Init": ("launcher.zero.init_context", "Init"),
     "GatheredParameters": ("launcher.zero.init_context", "GatheredParameters"),
     "estimate_memory": ("launcher.zero.estimate", "estimate_memory"),
+    # modules DeepSpeed scripts reach as deepspeed.<name> (see README, "Coming from DeepSpeed")
+    "comm": ("launcher.zero.comm", None),
+    "zero": ("launcher.zero.zero", None),
+    "accelerator": ("launcher.zero.accelerator", None),
+    "utils": ("launcher.zero.utils", None),
+    "runtime": ("launcher.zero.runtime", None),
+    "ops": ("launcher.zero.ops", None),
+    "pipe": ("launcher.zero.pipe", None),
+    "moe": ("launcher.zero.moe", None),
 }
 
 __all__ = ["ConfigError", "CheckpointError", *_LAZY]

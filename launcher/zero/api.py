@@ -70,7 +70,12 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
 
 
 def _config_source(config, config_params, args) -> Any:
-    for candidate in (config, config_params, getattr(args, "deepspeed_config", None), os.environ.get("DSLAUNCH_CONFIG")):
+    from_args = getattr(args, "deepspeed_config", None) or getattr(args, "deepscale_config", None)
+    given = config if config is not None else config_params
+    if from_args and given is not None and given != from_args:
+        raise ConfigError("zero.initialize: a config came both as config= and as args.deepspeed_config "
+                          f"({from_args})", hint="pass one of them (DeepSpeed refuses both too)")
+    for candidate in (config, config_params, from_args, os.environ.get("DSLAUNCH_CONFIG")):
         if candidate is not None and candidate != "":
             return candidate
     raise ConfigError("zero.initialize: no config given",

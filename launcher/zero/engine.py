@@ -18,6 +18,7 @@ import torch
 
 from launcher.zero.config_schema import ZeroConfig
 from launcher.zero.dist import DistContext
+from launcher.zero.engine_api import EngineAccessors
 from launcher.zero.loss_scaler import LossScaler
 from launcher.zero.monitor import Monitor, PhaseTimer
 from launcher.zero.plain_backward import BackwardHooks
@@ -41,7 +42,7 @@ class EngineParts:
     dataloader: Any = None
 
 
-class ZeroEngine:
+class ZeroEngine(EngineAccessors):
     """Wraps a module for ZeRO data-parallel training; call it, ``backward(loss)``, ``step()``."""
 
     def __init__(self, parts: EngineParts):
@@ -69,73 +70,6 @@ class ZeroEngine:
         self.timers = PhaseTimer(self.config.wall_clock_breakdown, sync)
         self._backward_hooks = BackwardHooks(self.strategy.stage, self._loss_factor,
                                              self._plain_backward_prologue, self.strategy.post_backward)
-
-    # ---- DeepSpeed's accessors ------------------------------------------------------------
-    @property
-    def device(self) -> torch.device:
-        return self.dist.device
-
-    @property
-    def global_rank(self) -> int:
-        return self.dist.rank
-
-    @property
-    def local_rank(self) -> int:
-        return self.dist.local_rank
-
-    @property
-    def world_size(self) -> int:
-        return self.dist.world_size
-
-    dp_world_size = world_size
-
-    def train_batch_size(self) -> int:
-        return self.config.train_batch_size
-
-    def train_micro_batch_size_per_gpu(self) -> int:
-        return self.config.train_micro_batch_size_per_gpu
-
-    def gradient_accumulation_steps(self) -> int:
-        return self.config.gradient_accumulation_steps
-
-    def zero_optimization_stage(self) -> int:
-        return self.config.zero_stage
-
-    def is_gradient_accumulation_boundary(self) -> bool:
-        if self._boundary_override is not None:
-            return self._boundary_override
-        if not self.config.managed_gradient_accumulation:
-            return True
-        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
-
-    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
-        self._boundary_override = is_boundary
-
-    def get_lr(self) -> list[float]:
-        return [float(group["lr"]) for group in self.optimizer.param_groups]
-
-    def get_mom(self) -> list:
-        return [group.get("betas", group.get("momentum")) for group in self.optimizer.param_groups]
-
-    def get_loss_scale(self) -> float:
-        """The loss scale in use now (1.0 without fp16)."""
-        return float(self.loss_scaler.scale) if self.loss_scaler is not None else 1.0
-
-    def loss_scale(self) -> float:
-        """DeepSpeed's meaning: the configured fp16.loss_scale (0 for dynamic)."""
-        return self.config.fp16.loss_scale
-
-    def get_global_grad_norm(self) -> float | None:
-        return self._global_grad_norm
-
-    def was_step_applied(self) -> bool:
-        return self._step_applied
-
-    def memory_breakdown(self) -> dict[str, int]:
-        """Bytes this rank holds for parameters, gradients, master weights and optimizer state."""
-        parts = dict(self.strategy.memory_breakdown())
-        parts["total"] = sum(parts.values())
-        return parts
 
     # ---- module pass-throughs -------------------------------------------------------------
     def train(self, mode: bool = True):
@@ -314,6 +248,49 @@ class ZeroEngine:
                                load_optimizer_states=load_optimizer_states,
                                load_lr_scheduler_states=load_lr_scheduler_states, load_module_only=load_module_only)
 
+    def module_state_dict(self, destination=None, prefix: str = "", keep_vars: bool = False,
+                          exclude_frozen_parameters: bool = False) -> dict:
+        """The whole module's state dict on every rank (gathered at stage 3)."""
+        state = self.strategy.module_state_dict()
+        if exclude_frozen_parameters:
+            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
+            state = {k: v for k, v in state.items() if k not in frozen}
+        return {prefix + k: v for k, v in state.items()}
+
+    def zero_grad(self) -> None:
+        """Drop the gradients accumulated so far (model and master)."""
+        self.strategy.zero_grad()
+
+    def empty_partition_cache(self) -> None:
+        """Stage 3: free the parameters still gathered (after an eval loop, say); no-op below."""
+        release = getattr(self.strategy, "release_gathered", None)
+        if release is not None:
+            release()
+
+    def deepspeed_io(self, dataset, batch_size=None, route=None, pin_memory=None, data_sampler=None,
+                     collate_fn=None, num_local_io_workers=None):
+        """A DataLoader over this rank's share of ``dataset`` in micro-batches (as training_data=)."""
+        from launcher.zero.data import build_dataloader
+
+        if data_sampler is not None or (batch_size not in (None, self.train_micro_batch_size_per_gpu())):
+            from launcher.zero.errors import ConfigError
+
+            raise ConfigError("deepspeed_io: a custom data_sampler or batch_size is not supported",
+                              hint="build your own torch DataLoader, or leave both out")
+        return build_dataloader(dataset, self.config, self.dist, collate_fn)
+
+    def no_sync(self):
+        """Not supported: let the engine accumulate (``gradient_accumulation_steps``) instead."""
+        from launcher.zero.errors import NotSupportedError
+
+        raise NotSupportedError("engine.no_sync() is not supported by dslaunch's engine",
+                                hint="set gradient_accumulation_steps in the config and call engine.step() "
+                                     "every micro-step; the engine reduces gradients only where it must")
+
+    def destroy(self) -> None:
+        """Remove the engine's hooks from the module; the engine must not be used afterwards."""
+        self.strategy.destroy()
+
     def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin", exclude_frozen_parameters: bool = False) -> bool:
         """The module's state dict in its training dtype, written by rank 0."""
         import os
@@ -329,6 +306,8 @@ class ZeroEngine:
             os.makedirs(save_dir, exist_ok=True)
             torch.save(state, os.path.join(save_dir, save_filename))
         return True
+
+    save_fp16_model = save_16bit_model   # DeepSpeed's older name
 
 
 OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)

@@ -21,3 +21,10 @@ class DistributedSetupError(DslaunchError):
     """The rank environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) is missing or inconsistent."""
 
     kind = "distributed setup error"
+
+
+class NotSupportedError(DslaunchError, ImportError):
+    """A DeepSpeed feature this engine does not have yet; an ImportError, so that a script's
+    ``try: import deepspeed.moe ... except ImportError`` fallback still works."""
+
+    kind = "not supported"

@@ -186,6 +186,11 @@ class ZeroStrategy(ABC):
         assert self.module is not None
         self.module.load_state_dict(state, strict=strict)
 
+    def destroy(self) -> None:
+        """Remove the hooks this strategy put on the module and its parameters (engine.destroy)."""
+        for handle in getattr(self, "hooks", ()):
+            handle.remove()
+
     # ---- reporting -----------------------------------------------------------------------
     @abstractmethod
     def memory_breakdown(self) -> dict[str, int]:

@@ -36,7 +36,8 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_world(script, world_size: int, *args: str, timeout: float = 120, env: dict | None = None) -> list[RankResult]:
+def run_world(script, world_size: int, *args: str, timeout: float = 120, env: dict | None = None,
+              launcher_args: tuple = ("--no_local_rank",)) -> list[RankResult]:
     """Start ``world_size`` ranks of ``python script args...`` through the real launcher.
 
     dslaunch streams each rank's lines as ``[rank R] ...``; they are split back per rank.
@@ -46,7 +47,7 @@ def run_world(script, world_size: int, *args: str, timeout: float = 120, env: di
     launch_env.update(env or {})
     launch_env["PYTHONPATH"] = os.pathsep.join([str(REPO), launch_env.get("PYTHONPATH", "")])
     launch_env.setdefault("OMP_NUM_THREADS", "1")
-    argv = [sys.executable, "-m", "launcher", "--num_gpus", str(world_size), "--no_local_rank",
+    argv = [sys.executable, "-m", "launcher", "--num_gpus", str(world_size), *launcher_args,
             "--master_port", str(free_port()), str(script), *args]
     done = subprocess.run(argv, env=launch_env, capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
     outs = _split(done.stdout, world_size)

@@ -66,6 +66,9 @@ def test_env_options_and_files_override_forwarded_and_reserved_names_win():
     ({"module": True}, ["/py", "-u", "-m", "train.py", "--local_rank=1", "a b", "$x;*"]),
     ({"no_python": True}, ["train.py", "--local_rank=1", "a b", "$x;*"]),
     ({"remote_python": "/opt/py"}, ["/opt/py", "-u", "train.py", "--local_rank=1", "a b", "$x;*"]),
+    ({"as_deepspeed": True}, ["/py", "-u", "-m", "launcher.zero.shim", "train.py", "--local_rank=1", "a b", "$x;*"]),
+    ({"as_deepspeed": True, "module": True},
+     ["/py", "-u", "-m", "launcher.zero.shim", "-m", "train.py", "--local_rank=1", "a b", "$x;*"]),
 ])
 def test_argv(options, argv):
     plan = build_plan(HOSTS, LaunchOptions(script="train.py", script_args=("a b", "$x;*"), **options), machine())
@@ -99,6 +102,7 @@ def test_single_remote_host_is_not_run_locally():
 
 @pytest.mark.parametrize("options, error, message", [
     ({"module": True, "no_python": True}, UsageError, "cannot be used together"),
+    ({"as_deepspeed": True, "no_python": True}, UsageError, "cannot be used together"),
     ({"include": "nodeA", "num_gpus": 1}, FilterError, "cannot be combined"),
     ({"launcher": "local"}, UsageError, "cannot start ranks on other hosts: nodeA, nodeB"),
     ({"launcher": "mvapich"}, UsageError, "unknown launcher"),

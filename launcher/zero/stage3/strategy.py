@@ -374,6 +374,17 @@ class Stage3Strategy(ZeroStrategy):
                         view.copy_(source)
 
     # ---- reporting ------------------------------------------------------------------------
+    def destroy(self) -> None:
+        """Remove every hook; the parameters stay partitioned (as DeepSpeed's destroy leaves them)."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        self.coordinator.remove()
+
+    def release_gathered(self) -> None:
+        """Free every gathered parameter (engine.empty_partition_cache)."""
+        self.coordinator.release_all()
+
     def memory_breakdown(self) -> dict[str, int]:
         def nbytes(t):
             return t.numel() * t.element_size()

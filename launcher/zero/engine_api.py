@@ -1,0 +1,131 @@
+"""DeepSpeed's engine accessors: what a script reads off the engine besides forward/backward/step.
+
+A mixin of ZeroEngine (engine.py), which provides ``config``, ``dist``, ``optimizer``,
+``lr_scheduler``, ``loss_scaler``, ``strategy`` and the step counters these read.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class EngineAccessors:
+    """Read-only views of the engine's config and state, under DeepSpeed's method names."""
+
+    # ---- DeepSpeed's accessors ------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.dist.device
+
+    @property
+    def global_rank(self) -> int:
+        return self.dist.rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.dist.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.dist.world_size
+
+    dp_world_size = world_size
+
+    def train_batch_size(self) -> int:
+        return self.config.train_batch_size
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return self.config.train_micro_batch_size_per_gpu
+
+    def gradient_accumulation_steps(self) -> int:
+        return self.config.gradient_accumulation_steps
+
+    def zero_optimization_stage(self) -> int:
+        return self.config.zero_stage
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        if self._boundary_override is not None:
+            return self._boundary_override
+        if not self.config.managed_gradient_accumulation:
+            return True
+        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        self._boundary_override = is_boundary
+
+    def get_lr(self) -> list[float]:
+        return [float(group["lr"]) for group in self.optimizer.param_groups]
+
+    def get_mom(self) -> list:
+        return [group.get("betas", group.get("momentum")) for group in self.optimizer.param_groups]
+
+    def get_loss_scale(self) -> float:
+        """The loss scale in use now (1.0 without fp16)."""
+        return float(self.loss_scaler.scale) if self.loss_scaler is not None else 1.0
+
+    def loss_scale(self) -> float:
+        """DeepSpeed's meaning: the configured fp16.loss_scale (0 for dynamic)."""
+        return self.config.fp16.loss_scale
+
+    def get_global_grad_norm(self) -> float | None:
+        return self._global_grad_norm
+
+    def was_step_applied(self) -> bool:
+        return self._step_applied
+
+    def memory_breakdown(self) -> dict[str, int]:
+        """Bytes this rank holds for parameters, gradients, master weights and optimizer state."""
+        parts = dict(self.strategy.memory_breakdown())
+        parts["total"] = sum(parts.values())
+        return parts
+
+    # ---- added for scripts written against DeepSpeed (issue 17) --------------------------
+    mp_world_size = 1                      # no model parallelism
+
+    def fp16_enabled(self) -> bool:
+        return bool(self.config.fp16.enabled)
+
+    def bfloat16_enabled(self) -> bool:
+        return bool(self.config.bf16.enabled)
+
+    bf16_enabled = bfloat16_enabled
+
+    def amp_enabled(self) -> bool:
+        return False                       # apex AMP is not supported; fp16/bf16 are
+
+    def zero_optimization(self) -> bool:
+        return self.config.zero_stage > 0
+
+    def zero_offload_optimizer(self) -> bool:
+        return bool(self.config.zero_optimization.offload_optimizer_active)
+
+    def zero_offload_param(self) -> bool:
+        offload = self.config.zero_optimization.offload_param
+        return bool(offload is not None and offload.active)
+
+    zero_cpu_offload = zero_offload_optimizer
+
+    def gradient_clipping(self) -> float:
+        return self.config.gradient_clipping
+
+    def steps_per_print(self) -> int | None:
+        return self.config.steps_per_print
+
+    def wall_clock_breakdown(self) -> bool:
+        return self.config.wall_clock_breakdown
+
+    def dynamic_loss_scale(self) -> bool:
+        return self.fp16_enabled() and self.config.fp16.loss_scale == 0
+
+    def optimizer_name(self) -> str | None:
+        return self.config.optimizer.type if self.config.optimizer is not None else None
+
+    def scheduler_name(self) -> str | None:
+        return self.config.scheduler.type if self.config.scheduler is not None else None
+
+    @property
+    def communication_data_type(self) -> torch.dtype:
+        return self.precision.comm_dtype
+
+    def get_data_types(self) -> tuple[torch.dtype, torch.dtype]:
+        """(model dtype, gradient-accumulation dtype), as DeepSpeed returns them."""
+        return self.precision.param_dtype, self.precision.grad_accum_dtype
