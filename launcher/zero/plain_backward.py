@@ -42,6 +42,7 @@ class BackwardHooks:
         """Hook every floating tensor in ``output`` (tensors, tuples, lists, dicts) that needs grad."""
         if not torch.is_grad_enabled():
             return
+        self._running = None   # a plain backward that raised midway never reached its epilogue
         for tensor in _tensors(output):
             if tensor.requires_grad and tensor.is_floating_point():
                 tensor.register_hook(self._on_output_grad)
