@@ -12,6 +12,7 @@ import click
 
 from launcher import __version__
 from launcher.errors import EXIT_SIGINT, DslaunchError
+from launcher.planning.plan import LAUNCHERS
 
 _state = {"debug": False}
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -62,7 +63,7 @@ class BoundaryCommand(click.Command):
 @_opt("--master_addr", "master_addr", default=None, help="Rendezvous address (default: the first node's).")
 @_opt("--master_port", "master_port", type=int, default=29500, show_default=True,
       help="Rendezvous port; 0 picks a free one on the first node.")
-@_opt("--launcher", "launcher", default=None, type=click.Choice(["local", "ssh", "pdsh", "openmpi", "slurm"],
+@_opt("--launcher", "launcher", default=None, type=click.Choice(LAUNCHERS,
       case_sensitive=False), help="How to start nodes (default: local, else pdsh if installed, else ssh).")
 @_opt("--launcher_args", "launcher_args", default="", help="Extra arguments for pdsh / mpirun / srun.")
 @_opt("--ssh_port", "ssh_port", type=int, default=None, help="Port for ssh and pdsh.")
@@ -96,7 +97,7 @@ def command(**flags):
     dslaunch --hostfile hosts --check
     """
     _state["debug"] = flags["debug"]
-    from launcher.main import run
+    from launcher.app import run
     sys.exit(run(flags))
 
 

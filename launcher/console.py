@@ -4,7 +4,7 @@ from __future__ import annotations
 import sys
 import threading
 
-from launcher.process import RankExit, RankOutput
+from launcher.node.process import RankExit, RankOutput
 
 _lock = threading.Lock()
 

@@ -12,8 +12,21 @@ from __future__ import annotations
 import json
 import socket
 import threading
+from dataclasses import dataclass
 
 HEARTBEAT_SECONDS = 1.0
+DRY_RUN_ENDPOINT_HOST = "<dslaunch-address>"
+
+@dataclass(frozen=True)
+class ControlEndpoint:
+    """Where agents call back to dslaunch, and the job's token that admits them."""
+
+    host: str = DRY_RUN_ENDPOINT_HOST
+    port: int = 0
+    token: str = "<token>"
+
+    def address(self) -> str:
+        return f"{self.host}:{self.port or '<port>'}"
 
 
 class Channel:

@@ -26,7 +26,7 @@ NO_ANSWER_HINT = "the agent started but did not answer; run 'dslaunch --check' w
 
 def hosts_of(plan) -> list:
     """The plan's nodes as the preflight's hosts (name, slots, ssh user and port)."""
-    from launcher.hostfile import Host
+    from launcher.planning.hostfile import Host
     return [Host(n.host, len(n.slots), user=n.ssh_target.rpartition("@")[0] or None, port=n.ssh_port)
             for n in plan.nodes]
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 
 import pytest
 
-from launcher.hostfile import parse_hostfile
+from launcher.planning.hostfile import parse_hostfile
 from launcher.preflight import PreflightRequest, run_preflight
 from launcher.preflight.target import resolve_target
 
@@ -157,7 +157,7 @@ def test_fast_path_is_fast(cluster_hostfile):
 
 def test_sixteen_hosts_time_out_together_not_one_after_another(healthy_cluster):
     """16 entries for a cut node with a 2 s timeout: in parallel that is ~2 s, in series 32 s."""
-    from launcher.hostfile import Host
+    from launcher.planning.hostfile import Host
 
     hosts = [Host(name="10.213.0.3", slots=1, line=i + 1) for i in range(16)]
     with healthy_cluster.broken(3, "cut"):
@@ -168,7 +168,7 @@ def test_sixteen_hosts_time_out_together_not_one_after_another(healthy_cluster):
 
 
 def test_sixteen_healthy_hosts_are_checked_in_parallel(healthy_cluster):
-    from launcher.hostfile import Host
+    from launcher.planning.hostfile import Host
 
     sixteen = [Host(name=f"10.213.0.{1 + i % 3}", slots=1, line=i + 1) for i in range(16)]
     report = run_preflight(sixteen, PreflightRequest(master_port=PORT, fast=True))

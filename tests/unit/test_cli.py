@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.fixture
 def run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("launcher.hostfile.DEFAULT_HOSTFILE", str(tmp_path / "no-default"))
+    monkeypatch.setattr("launcher.planning.hostfile.DEFAULT_HOSTFILE", str(tmp_path / "no-default"))
     (tmp_path / "train.py").write_text("print('hi')\n")
 
     def invoke(*args):

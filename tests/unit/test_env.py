@@ -1,7 +1,7 @@
 """The environment forwarding policy and env files."""
 import pytest
 
-from launcher.env import env_file_paths, forwarded, is_forwarded, parse_env_file, read_env_files
+from launcher.planning.envpolicy import env_file_paths, forwarded, is_forwarded, parse_env_file, read_env_files
 from launcher.errors import EnvFileError
 
 

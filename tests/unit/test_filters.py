@@ -2,7 +2,7 @@
 import pytest
 
 from launcher.errors import FilterError
-from launcher.filters import apply_counts, apply_include_exclude, parse_node_specs
+from launcher.planning.filters import apply_counts, apply_include_exclude, parse_node_specs
 
 POOL = {"worker-0": [0, 1, 2, 3], "worker-1": [0, 1, 2, 3]}
 

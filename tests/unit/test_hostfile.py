@@ -2,7 +2,7 @@
 import pytest
 
 from launcher.errors import HostfileError
-from launcher.hostfile import Host, load_hostfile, parse_hostfile
+from launcher.planning.hostfile import Host, load_hostfile, parse_hostfile
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -53,7 +53,7 @@ def test_named_missing_hostfile_is_an_error_not_a_local_run(tmp_path):
 
 
 def test_no_hostfile_named_and_no_default_means_local(monkeypatch, tmp_path):
-    monkeypatch.setattr("launcher.hostfile.DEFAULT_HOSTFILE", str(tmp_path / "absent"))
+    monkeypatch.setattr("launcher.planning.hostfile.DEFAULT_HOSTFILE", str(tmp_path / "absent"))
     assert load_hostfile(None) == (None, None)
 
 

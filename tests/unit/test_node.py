@@ -1,7 +1,7 @@
 """What a node adds to a rank's environment when it starts it."""
 import pytest
 
-from launcher.node import runtime_env, visible_devices
+from launcher.node.ranks import runtime_env, visible_devices
 
 
 @pytest.mark.parametrize("slots, node_visible, expected", [

@@ -2,8 +2,8 @@
 import pytest
 
 from launcher.errors import FilterError, UsageError
-from launcher.hostfile import parse_hostfile
-from launcher.plan import LaunchOptions, Machine, build_plan, with_master_port
+from launcher.planning.hostfile import parse_hostfile
+from launcher.planning.plan import LaunchOptions, Machine, build_plan, with_master_port
 
 HOSTS = parse_hostfile("nodeA slots=2\nnodeB slots=3\n", "hosts")
 

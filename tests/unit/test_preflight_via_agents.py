@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from launcher.agent import Agent
-from launcher.hostfile import Host
+from launcher.node.agent import Agent
+from launcher.planning.hostfile import Host
 from launcher.preflight import PreflightRequest
 from launcher.preflight.via_agents import check_via_agents
 
@@ -164,7 +164,7 @@ def test_the_agent_reports_what_the_ranks_will_import(tmp_path):
     (tmp_path / "torch").mkdir()
     (tmp_path / "torch" / "__init__.py").write_text("")
     (tmp_path / "torch" / "version.py").write_text("__version__ = '9.9.9'\ncuda = None\n")
-    code = ("import json; from launcher.agent import Agent; "
+    code = ("import json; from launcher.node.agent import Agent; "
             "print(json.dumps(Agent(None, 0, 't')._preflight({'type': 'probe', 'params': "
             f"{{'workdir': '/', 'pythonpath': {str(tmp_path)!r}}}}})['result']['torch']))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,

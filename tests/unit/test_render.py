@@ -2,11 +2,11 @@
 import pytest
 
 from launcher.errors import UsageError
-from launcher.hostfile import parse_hostfile
-from launcher.plan import LaunchOptions, Machine, build_plan
-from launcher.runners import ControlEndpoint, get_runner
-from launcher.runners import pdsh, openmpi, slurm
-from launcher.agent import resolve_node_rank
+from launcher.planning.hostfile import parse_hostfile
+from launcher.planning.plan import LaunchOptions, Machine, build_plan
+from launcher.control.runners import ControlEndpoint, get_runner
+from launcher.control.runners import pdsh, openmpi, slurm
+from launcher.node.agent import resolve_node_rank
 
 END = ControlEndpoint("10.0.0.9", 4000, "tok")
 AGENT = "/py -u -m launcher.agent --connect 10.0.0.9:4000 --token tok --node-rank"

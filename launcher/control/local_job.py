@@ -1,4 +1,4 @@
-"""The local runner: every rank on this machine, supervised in-process (no agent, no ssh)."""
+"""Run every rank of a local plan on this machine, supervised in-process (no agent, no ssh)."""
 from __future__ import annotations
 
 import os
@@ -6,22 +6,15 @@ import signal
 
 from launcher import console
 from launcher.errors import EXIT_SIGINT
-from launcher.node import rank_specs
-from launcher.plan import JobPlan
-from launcher.planjson import node_to_json
-from launcher.runners.base import ControlEndpoint
-from launcher.supervisor import Supervisor
+from launcher.node.ranks import rank_specs
+from launcher.node.supervisor import Supervisor
+from launcher.planning.plan import JobPlan
 
 
-def render(plan: JobPlan, endpoint: ControlEndpoint | None = None) -> list[list[str]]:
-    """Local ranks are started directly: the node command is empty, the ranks' argv is exact."""
-    return [[] for _ in plan.nodes]
-
-
-def launch(plan: JobPlan, grace: float = 3.0) -> int:
+def run_local(plan: JobPlan, grace: float = 3.0) -> int:
     specs = []
     for node in plan.nodes:  # several "nodes" here only when a hostfile names this machine twice
-        specs += rank_specs(node_to_json(node), plan.master_addr, plan.workdir, dict(os.environ))
+        specs += rank_specs(node.ranks, plan.master_addr, plan.workdir, dict(os.environ))
     supervisor = Supervisor(specs, on_output=console.print_rank_line, log_dir=plan.log_dir, grace=grace,
                             host=plan.nodes[0].host)
     handlers = _install_signal_handlers(supervisor)

@@ -5,13 +5,11 @@ appended to, never replaced (DeepSpeed #4370).
 """
 from __future__ import annotations
 
-import os
 import shlex
 
-from launcher.controller import launch_one_runner
+from launcher.control.runners.base import ControlEndpoint, agent_argv, one_command_for_all, remote_shell_command
 from launcher.errors import UsageError
-from launcher.plan import JobPlan
-from launcher.runners.base import ControlEndpoint, agent_argv, one_command_for_all, remote_shell_command
+from launcher.planning.plan import JobPlan
 
 
 def _ssh_args(plan: JobPlan, environ: dict[str, str]) -> str:
@@ -39,5 +37,4 @@ def runner_env(plan: JobPlan, environ: dict[str, str]) -> dict[str, str]:
     return {**environ, "PDSH_RCMD_TYPE": "ssh", "PDSH_SSH_ARGS_APPEND": _ssh_args(plan, environ)}
 
 
-def launch(plan: JobPlan) -> int:
-    return launch_one_runner(plan, "pdsh", command, runner_env(plan, dict(os.environ)))
+LABEL = "pdsh"   # how the controller names this runner's process

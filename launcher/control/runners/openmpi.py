@@ -9,9 +9,8 @@ from __future__ import annotations
 import os
 import shlex
 
-from launcher.controller import launch_one_runner
-from launcher.plan import JobPlan
-from launcher.runners.base import ControlEndpoint, agent_argv, one_command_for_all
+from launcher.control.runners.base import ControlEndpoint, agent_argv, one_command_for_all
+from launcher.planning.plan import JobPlan
 
 
 def command(plan: JobPlan, endpoint: ControlEndpoint, as_root: bool | None = None) -> list[str]:
@@ -30,5 +29,4 @@ def render(plan: JobPlan, endpoint: ControlEndpoint) -> list[list[str]]:
     return one_command_for_all(plan, command(plan, endpoint))
 
 
-def launch(plan: JobPlan) -> int:
-    return launch_one_runner(plan, "mpirun", command, dict(os.environ))
+LABEL = "mpirun"   # how the controller names this runner's process

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from launcher.process import RankExit, RankOutput, RankProcess, RankSpec, spawn, stop_processes
+from launcher.node.process import RankExit, RankOutput, RankProcess, RankSpec, spawn, stop_processes
 
 POLL_SECONDS = 0.02
 

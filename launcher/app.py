@@ -6,12 +6,13 @@ import os
 import sys
 
 from launcher import console
+from launcher.control.machine import read_machine
+from launcher.control.runners import get_runner
 from launcher.errors import UsageError
-from launcher.hostfile import Host, load_hostfile
-from launcher.machine import read_machine
-from launcher.plan import JobPlan, LaunchOptions, build_plan
-from launcher.planjson import plan_to_json
-from launcher.runners import ControlEndpoint, get_runner
+from launcher.planning.hostfile import Host, load_hostfile
+from launcher.planning.plan import JobPlan, LaunchOptions, build_plan
+from launcher.planning.render import describe_plan, plan_to_json
+from launcher.wire import ControlEndpoint
 
 _OPTION_FIELDS = set(LaunchOptions.__dataclass_fields__)
 
@@ -42,7 +43,7 @@ def run(flags: dict) -> int:
     if options.config:
         _check_config(options, plan)
     if flags.get("check"):
-        from launcher.checkcmd import run_check
+        from launcher.control.check import run_check
         return run_check(plan, hosts, options, as_json=flags.get("as_json", False))
     runner = get_runner(plan.launcher)
     if flags.get("dry_run"):
@@ -54,13 +55,14 @@ def run(flags: dict) -> int:
         return 0
     for note in plan.notes:
         console.say(note)
-    # unless --no-preflight, the agents check their nodes before any rank starts (controller.py)
-    return runner.launch(plan)
+    # unless --no-preflight, the agents check their nodes before any rank starts (control/controller.py)
+    from launcher.control.launch import launch
+    return launch(plan)
 
 
 def slurm_hosts(environ: dict[str, str], num_gpus: int | None) -> list[Host]:
     """No hostfile under --launcher slurm: the allocation's nodes, in its order."""
-    from launcher.runners.slurm import allocation_slots, expand_hostlist
+    from launcher.control.runners.slurm import allocation_slots, expand_hostlist
     nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
     if not nodelist:
         raise UsageError("--launcher slurm without a hostfile needs a Slurm allocation (SLURM_JOB_NODELIST)",
@@ -90,30 +92,3 @@ def _check_config(options: LaunchOptions, plan: JobPlan) -> None:
         raise UsageError(f"config '{options.config}' not found")
     from launcher.zero.config import load_config  # torch-free by design
     load_config(path, world_size=plan.world_size)
-
-
-def describe_plan(plan: JobPlan, commands: list[list[str]]) -> str:
-    """The human-readable dry-run: nodes, ranks, commands, env."""
-    import shlex
-    lines = [f"dslaunch plan: {len(plan.nodes)} node(s), world_size {plan.world_size}, launcher {plan.launcher}, "
-             f"master {plan.master_addr}:{plan.master_port or '<free port on node 0>'}",
-             f"workdir: {plan.workdir}"]
-    lines += [f"note: {n}" for n in plan.notes]
-    if plan.env_files:
-        lines.append("env files: " + ", ".join(plan.env_files))
-    for node, command in zip(plan.nodes, commands):
-        slots = ",".join(str(s) for s in node.slots)
-        lines.append(f"node {node.node_rank}: {node.host} slots {slots} "
-                     f"ranks {node.ranks[0].rank}-{node.ranks[-1].rank}")
-        if command:
-            lines.append(f"  command: {shlex.join(command)}")
-        for rank in node.ranks:
-            lines.append(f"  rank {rank.rank} (local {rank.local_rank}): {shlex.join(rank.argv)}")
-    first = plan.nodes[0].ranks[0].env
-    per_rank = {"RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "CROSS_RANK", "CUDA_VISIBLE_DEVICES",
-                "LOCAL_WORLD_SIZE", "LOCAL_SIZE"}
-    lines.append("env (rank 0; per rank: " + ", ".join(sorted(per_rank)) + "):")
-    lines += [f"  {k}={v}" for k, v in first.items()]
-    lines.append("set on each node unless already set: GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME "
-                 "(the interface toward MASTER_ADDR), OMP_NUM_THREADS (cores / local ranks)")
-    return "\n".join(lines)

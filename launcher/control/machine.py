@@ -8,8 +8,8 @@ import socket
 import subprocess
 import sys
 
-from launcher import env as envpolicy
-from launcher.plan import Machine
+from launcher.planning import envpolicy
+from launcher.planning.plan import Machine
 
 
 def visible_gpu_ids(environ: dict[str, str]) -> tuple[int, ...]:

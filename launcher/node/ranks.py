@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import os
+from typing import Sequence
 
-from launcher.netinfo import interface_toward
-from launcher.process import RankSpec
+from launcher.node.netinfo import interface_toward
+from launcher.node.process import RankSpec
+from launcher.planning.plan import RankPlan
 
 IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
@@ -44,22 +46,20 @@ def visible_devices(slot_ids: str, node_visible: str | None) -> str:
     return ",".join(picked)
 
 
-def rank_specs(node: dict, master_addr: str, workdir: str, inherited: dict[str, str],
+def rank_specs(ranks: Sequence[RankPlan], master_addr: str, workdir: str, inherited: dict[str, str],
                remap_devices: bool = False) -> list[RankSpec]:
-    """RankSpecs for a node given as its JSON form (see planjson.node_to_json).
+    """RankSpecs for a node's ranks (an agent reads them with planning.render.ranks_from_json).
 
     `remap_devices` is for agents on other nodes; on the launching machine the plan's
     slot ids are already this machine's visible GPU ids.
     """
-    ranks = node["ranks"]
     ifname = interface_toward(master_addr)
     cpu_count = os.cpu_count() or 1
     specs = []
     for r in ranks:
-        env = runtime_env(r["env"], inherited, len(ranks), ifname, cpu_count)
-        if remap_devices and "CUDA_VISIBLE_DEVICES" in r["env"]:
-            env["CUDA_VISIBLE_DEVICES"] = visible_devices(r["env"]["CUDA_VISIBLE_DEVICES"],
+        env = runtime_env(r.env, inherited, len(ranks), ifname, cpu_count)
+        if remap_devices and "CUDA_VISIBLE_DEVICES" in r.env:
+            env["CUDA_VISIBLE_DEVICES"] = visible_devices(r.env["CUDA_VISIBLE_DEVICES"],
                                                           inherited.get("CUDA_VISIBLE_DEVICES"))
-        specs.append(RankSpec(rank=r["rank"], local_rank=r["local_rank"], argv=tuple(r["argv"]), env=env,
-                              cwd=workdir))
+        specs.append(RankSpec(rank=r.rank, local_rank=r.local_rank, argv=tuple(r.argv), env=env, cwd=workdir))
     return specs

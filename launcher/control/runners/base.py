@@ -2,23 +2,9 @@
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
 
-from launcher.plan import JobPlan, NodePlan
-
-DRY_RUN_ENDPOINT_HOST = "<dslaunch-address>"
-
-
-@dataclass(frozen=True)
-class ControlEndpoint:
-    """Where agents call back to dslaunch, and the job's token that admits them."""
-
-    host: str = DRY_RUN_ENDPOINT_HOST
-    port: int = 0
-    token: str = "<token>"
-
-    def address(self) -> str:
-        return f"{self.host}:{self.port or '<port>'}"
+from launcher.planning.plan import JobPlan
+from launcher.wire import ControlEndpoint
 
 
 def agent_argv(plan: JobPlan, endpoint: ControlEndpoint, node_rank: str) -> list[str]:
@@ -35,11 +21,7 @@ def remote_shell_command(plan: JobPlan, argv: list[str]) -> str:
 def get_runner(name: str):
     """The runner module for a launcher name (imported lazily: they are small)."""
     import importlib
-    return importlib.import_module(f"launcher.runners.{name}")
-
-
-def node_label(node: NodePlan) -> str:
-    return f"node {node.node_rank} ({node.host})"
+    return importlib.import_module(f"launcher.control.runners.{name}")
 
 
 def one_command_for_all(plan: JobPlan, command: list[str]) -> list[list[str]]:

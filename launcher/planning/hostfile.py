@@ -38,10 +38,6 @@ class Host:
         """What ssh and pdsh are given: `user@name` or `name`."""
         return f"{self.user}@{self.name}" if self.user else self.name
 
-    @property
-    def is_local(self) -> bool:
-        return self.name in ("localhost", "127.0.0.1", "::1")
-
 
 def parse_hostfile(text: str, path: str = "<hostfile>") -> list[Host]:
     """Parse hostfile text; every problem names `path:line`."""

@@ -9,10 +9,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable
 
-from launcher import env as envpolicy
 from launcher.errors import FilterError, UsageError
-from launcher.filters import apply_counts, apply_include_exclude
-from launcher.hostfile import Host
+from launcher.planning import envpolicy
+from launcher.planning.filters import apply_counts, apply_include_exclude
+from launcher.planning.hostfile import Host
 
 LAUNCHERS = ("local", "ssh", "pdsh", "openmpi", "slurm")
 DEFAULT_MASTER_PORT = 29500
@@ -96,10 +96,6 @@ class JobPlan:
     env_files: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     preflight: bool = False  # agents check their nodes before any rank starts (multi-node)
-
-    @property
-    def is_multi_node(self) -> bool:
-        return self.launcher != "local"
 
 
 def build_plan(hosts: list[Host] | None, options: LaunchOptions, machine: Machine) -> JobPlan:

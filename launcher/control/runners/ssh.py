@@ -6,11 +6,9 @@ travel over the control channel.
 """
 from __future__ import annotations
 
-import os
 
-from launcher.controller import Controller, spawn_runner
-from launcher.plan import JobPlan, NodePlan
-from launcher.runners.base import ControlEndpoint, agent_argv, remote_shell_command
+from launcher.control.runners.base import ControlEndpoint, agent_argv, remote_shell_command
+from launcher.planning.plan import JobPlan, NodePlan
 
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
 
@@ -26,8 +24,5 @@ def render(plan: JobPlan, endpoint: ControlEndpoint) -> list[list[str]]:
     return [node_command(plan, node, endpoint) for node in plan.nodes]
 
 
-def launch(plan: JobPlan) -> int:
-    def start(endpoint: ControlEndpoint):
-        return [spawn_runner(f"ssh {node.host}", node_command(plan, node, endpoint), dict(os.environ),
-                             (node.node_rank,)) for node in plan.nodes]
-    return Controller(plan).run(start)
+LABEL = "ssh"
+PER_NODE = True   # one ssh process per node (the others start every node from one process)

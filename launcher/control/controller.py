@@ -19,14 +19,13 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from launcher import console
-from launcher.checkcmd import preflight_failed
+from launcher.control.check import preflight_failed
 from launcher.errors import EXIT_SIGINT, LaunchError
-from launcher.netinfo import local_address_toward
-from launcher.plan import JobPlan, with_master_port
-from launcher.planjson import node_to_json
-from launcher.process import RankExit, RankOutput, stop_processes
-from launcher.runners.base import ControlEndpoint
-from launcher.wire import HEARTBEAT_SECONDS, Channel, keepalive
+from launcher.node.netinfo import local_address_toward
+from launcher.node.process import RankExit, RankOutput, stop_processes
+from launcher.planning.plan import JobPlan, with_master_port
+from launcher.planning.render import node_to_json
+from launcher.wire import ControlEndpoint, HEARTBEAT_SECONDS, Channel, keepalive
 
 STARTUP_TIMEOUT = 60.0
 STOP_TIMEOUT = 10.0
@@ -323,12 +322,3 @@ def spawn_runner(label: str, argv: list[str], env: dict[str, str] | None, node_r
         raise LaunchError(f"'{argv[0]}' is not installed on this machine",
                           hint="install it, or choose another --launcher") from None
     return Started(label=label, popen=popen, node_ranks=node_ranks)
-
-
-def launch_one_runner(plan: JobPlan, label: str, command: Callable[[JobPlan, ControlEndpoint], list[str]],
-                      env: dict[str, str]) -> int:
-    """Run a job whose agents are all started by one process (pdsh, mpirun, srun)."""
-    def start(endpoint: ControlEndpoint) -> list[Started]:
-        ranks = tuple(n.node_rank for n in plan.nodes)
-        return [spawn_runner(label, command(plan, endpoint), env, ranks)]
-    return Controller(plan).run(start)

@@ -5,8 +5,8 @@ import sys
 
 from launcher import console
 from launcher.errors import EXIT_PREFLIGHT, PreflightError, UsageError
-from launcher.hostfile import Host
-from launcher.plan import JobPlan, LaunchOptions
+from launcher.planning.hostfile import Host
+from launcher.planning.plan import JobPlan, LaunchOptions
 
 
 def _request(plan: JobPlan, options: LaunchOptions, fast: bool):

@@ -5,14 +5,12 @@ its order (expanded from SLURM_JOB_NODELIST), so MASTER_ADDR is its first node.
 """
 from __future__ import annotations
 
-import os
 import re
 import shlex
 
-from launcher.controller import launch_one_runner
+from launcher.control.runners.base import ControlEndpoint, agent_argv, one_command_for_all
 from launcher.errors import UsageError
-from launcher.plan import JobPlan
-from launcher.runners.base import ControlEndpoint, agent_argv, one_command_for_all
+from launcher.planning.plan import JobPlan
 
 
 def expand_hostlist(text: str) -> list[str]:
@@ -87,5 +85,4 @@ def render(plan: JobPlan, endpoint: ControlEndpoint) -> list[list[str]]:
     return one_command_for_all(plan, command(plan, endpoint))
 
 
-def launch(plan: JobPlan) -> int:
-    return launch_one_runner(plan, "srun", command, dict(os.environ))
+LABEL = "srun"   # how the controller names this runner's process

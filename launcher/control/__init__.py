@@ -1,0 +1,1 @@
+"""The launching machine: machine facts, the controller, ``--check``, and the runners."""

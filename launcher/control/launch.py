@@ -1,0 +1,33 @@
+"""Start a plan: local ranks in-process, every other launcher's commands under the controller.
+
+The runners only render (a plan and the control endpoint in, argv lists out); this is where
+their commands become processes: one per node (ssh, ``PER_NODE``) or one for all nodes (pdsh,
+mpirun, srun), with the runner's environment when it has one (``runner_env``).
+"""
+from __future__ import annotations
+
+import os
+
+from launcher.control.controller import Controller, Started, spawn_runner
+from launcher.control.runners import get_runner
+from launcher.planning.plan import JobPlan
+from launcher.wire import ControlEndpoint
+
+
+def launch(plan: JobPlan) -> int:
+    """Run the job to its end; the exit code is the first failure's (0 when every rank succeeded)."""
+    if plan.launcher == "local":
+        from launcher.control.local_job import run_local
+
+        return run_local(plan)
+    runner = get_runner(plan.launcher)
+    environ = dict(os.environ)
+    env = runner.runner_env(plan, environ) if hasattr(runner, "runner_env") else environ
+
+    def start(endpoint: ControlEndpoint) -> list[Started]:
+        commands = runner.render(plan, endpoint)
+        if getattr(runner, "PER_NODE", False):
+            return [spawn_runner(f"{runner.LABEL} {node.host}", argv, env, (node.node_rank,))
+                    for node, argv in zip(plan.nodes, commands)]
+        return [spawn_runner(runner.LABEL, commands[0], env, tuple(n.node_rank for n in plan.nodes))]
+    return Controller(plan).run(start)

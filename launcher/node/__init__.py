@@ -1,0 +1,1 @@
+"""What runs on every node: the agent, rank environments, the supervisor, process handling."""

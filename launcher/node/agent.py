@@ -1,0 +1,175 @@
+"""The per-node agent: `python -m launcher.agent --connect HOST:PORT --token T --node-rank N`.
+
+Started on every node by the runner (ssh, pdsh, mpirun, srun). It dials dslaunch,
+receives its node's part of the plan, starts and supervises the ranks, streams their
+output back, and stops them when told to, when a rank fails, or when dslaunch goes
+silent or away (its socket closes when dslaunch dies, even by SIGKILL). Torch-free.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+from launcher.node.ranks import rank_specs
+from launcher.node.supervisor import Supervisor
+from launcher.planning.render import ranks_from_json
+from launcher.wire import HEARTBEAT_SECONDS, Channel, free_port, keepalive
+
+
+def resolve_node_rank(value: str, environ: dict[str, str]) -> int:
+    """`3`, or `env:VAR` (mpirun, srun) naming the variable that holds it."""
+    if value.startswith("env:"):
+        name = value[4:]
+        if name not in environ:
+            raise SystemExit(f"dslaunch agent: ${name} is not set; cannot tell this node's rank")
+        value = environ[name]
+    if not value.isdigit():
+        raise SystemExit(f"dslaunch agent: bad node rank '{value}'")
+    return int(value)
+
+
+def connect(address: str, timeout: float = 30.0) -> Channel:
+    host, _, port = address.rpartition(":")
+    sock = socket.create_connection((host, int(port)), timeout=timeout)
+    sock.settimeout(None)
+    keepalive(sock)
+    return Channel(sock)
+
+
+class Agent:
+    """One node's life: hello, plan, run, report, done."""
+
+    def __init__(self, channel: Channel, node_rank: int, token: str):
+        self.channel = channel
+        self.node_rank = node_rank
+        self.token = token
+        self.supervisor: Supervisor | None = None
+        self.last_heard = time.monotonic()
+        self.heartbeat_timeout = 10.0
+        self.pending_stop: tuple[str, int] | None = None
+        self.listener = None  # node 0's rendezvous listener while the preflight runs
+
+    def run(self) -> int:
+        self.channel.send({"type": "hello", "token": self.token, "node_rank": self.node_rank,
+                           "hostname": socket.gethostname(), "pid": os.getpid()})
+        plan = self._wait_for_plan()
+        if plan is None:
+            return 1
+        job, node = plan["job"], plan["node"]
+        self.heartbeat_timeout = float(job.get("heartbeat_timeout", 10.0))
+        if not os.path.isdir(job["workdir"]):
+            self.channel.send({"type": "error", "message": f"workdir {job['workdir']} does not exist on this node"})
+            return 1
+        specs = rank_specs(ranks_from_json(node), job["master_addr"], job["workdir"], dict(os.environ), remap_devices=True)
+        self.supervisor = Supervisor(specs, on_output=self._send_output, on_exit=self._send_exit,
+                                     log_dir=job.get("log_dir"), grace=float(job.get("grace", 3.0)),
+                                     host=node["host"])
+        threading.Thread(target=self._listen, daemon=True).start()
+        threading.Thread(target=self._heartbeat, daemon=True).start()
+        try:
+            self.supervisor.start()
+        except OSError as exc:
+            self.channel.send({"type": "error", "message": f"cannot start rank: {exc}"})
+            self.supervisor.request_stop("spawn failed")
+        if self.pending_stop:
+            self.supervisor.request_stop(*self.pending_stop)
+        result = self.supervisor.run()
+        self.channel.send({"type": "done", "ok": result.ok, "stopped_by": result.stopped_by})
+        self.channel.close()
+        return 0 if result.ok else 1
+
+    def _wait_for_plan(self) -> dict | None:
+        try:
+            while True:
+                message = self.channel.recv()
+                if message is None:
+                    return None
+                if message["type"] == "pick_port":
+                    self.channel.send({"type": "port", "port": free_port()})
+                elif message["type"] in ("probe", "probe_end"):
+                    self.channel.send(self._preflight(message))
+                elif message["type"] == "plan":
+                    return message
+                elif message["type"] == "stop":
+                    return None
+        finally:
+            if self.listener is not None:
+                self.listener.close()
+
+    def _preflight(self, message: dict) -> dict:
+        """Answer dslaunch's pre-launch checks from where the ranks will run (see preflight.via_agents)."""
+        from launcher.preflight import remote_probe
+        if message["type"] == "probe_end":
+            listener, self.listener = self.listener, None
+            if listener is None:
+                return {"type": "probe_tokens", "tokens": []}
+            tokens = listener.wait_for(message.get("expect") or [], 2.0)
+            listener.close()  # the port is the ranks' again
+            return {"type": "probe_tokens", "tokens": tokens}
+        params = message["params"]
+        listening = None
+        try:
+            if params.get("listen"):
+                self.listener, listening = remote_probe.open_listener(params)
+            result = remote_probe.collect(params, self.listener, as_the_ranks_will=False)
+        except Exception as exc:  # a bug in a check must be a finding, not a dead agent
+            return {"type": "probe_result", "result": None, "error": f"{type(exc).__name__}: {exc}"}
+        return {"type": "probe_result", "result": result, "listening": listening}
+
+    def stop(self, reason: str, signum: int = signal.SIGTERM) -> None:
+        if self.supervisor is not None:
+            self.supervisor.request_stop(reason, signum)
+        else:
+            self.pending_stop = (reason, signum)
+
+    def _listen(self) -> None:
+        while True:
+            message = self.channel.recv()
+            if message is None:
+                self.stop("dslaunch went away")
+                return
+            self.last_heard = time.monotonic()
+            if message["type"] == "stop":
+                self.stop(message.get("reason", "stop"), int(message.get("signal", signal.SIGTERM)))
+
+    def _heartbeat(self) -> None:
+        while not self.channel.closed:
+            self.channel.send({"type": "heartbeat"})
+            if time.monotonic() - self.last_heard > self.heartbeat_timeout:
+                self.stop("dslaunch silent")
+            time.sleep(HEARTBEAT_SECONDS)
+
+    def _send_output(self, event) -> None:
+        self.channel.send({"type": "output", "rank": event.rank, "stream": event.stream, "line": event.line})
+
+    def _send_exit(self, event) -> None:
+        self.channel.send({"type": "exit", "rank": event.rank, "local_rank": event.local_rank,
+                           "returncode": event.returncode, "tail": list(event.tail)})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m launcher.agent", description=__doc__.splitlines()[0])
+    parser.add_argument("--connect", required=True, help="HOST:PORT of dslaunch's control channel")
+    parser.add_argument("--token", required=True)
+    parser.add_argument("--node-rank", required=True, help="N, or env:VAR")
+    args = parser.parse_args(argv)
+    node_rank = resolve_node_rank(args.node_rank, dict(os.environ))
+    try:
+        channel = connect(args.connect)
+    except OSError as exc:
+        print(f"dslaunch agent on {socket.gethostname()}: cannot reach dslaunch at {args.connect}: {exc}",
+              file=sys.stderr)
+        return 1
+    agent = Agent(channel, node_rank, args.token)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, lambda s, _f: agent.stop(signal.Signals(s).name, signal.SIGTERM))
+    return agent.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
