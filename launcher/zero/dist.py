@@ -6,8 +6,10 @@ LOCAL_RANK, MASTER_ADDR, MASTER_PORT); everything below it receives a DistContex
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Mapping
@@ -109,7 +111,28 @@ def _destroy_at_exit() -> None:
 
 def _destroy() -> None:
     if dist.is_initialized():
+        world = dist.group.WORLD
         try:
             dist.destroy_process_group()
         except Exception:  # at interpreter exit a broken peer must not turn into a traceback
             pass
+        _drop_captured_group(world)
+        del world
+        gc.collect()   # the group's threads end here, not in interpreter finalization
+
+
+def _drop_captured_group(group) -> None:
+    """Free a default group that torch.distributed.nn.functional captured in its default arguments.
+
+    Imported after init_process_group (a script that starts the group itself, then lets torch.optim
+    import torch._dynamo), that module binds ``group=group.WORLD`` into 19 functions' defaults. The
+    group then outlives destroy_process_group, and its gloo threads die only in interpreter
+    finalization, where they abort the rank ("terminate called without an active exception").
+    """
+    module = sys.modules.get("torch.distributed.nn.functional")
+    if module is None or group is None:
+        return
+    for value in list(vars(module).values()):
+        defaults = getattr(value, "__defaults__", None)
+        if defaults and any(item is group for item in defaults):
+            value.__defaults__ = tuple(None if item is group else item for item in defaults)

@@ -19,8 +19,9 @@ WORKER = Path(__file__).parent / "workers" / "teardown_worker.py"
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads thread names from /proc")
-def test_no_distributed_thread_survives_exit_teardown():
-    results = check(run_world(WORKER, 2, timeout=180))
+@pytest.mark.parametrize("who_inits", ["engine", "script-inits"])
+def test_no_distributed_thread_survives_exit_teardown(who_inits):
+    results = check(run_world(WORKER, 2, *([who_inits] if who_inits != "engine" else []), timeout=180))
     for result in results:
         lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if line.startswith(("RUNNING ", "LEFT ")))
         assert json.loads(lines["RUNNING"]), result.stdout  # the probe sees gloo's threads while they run

@@ -3,10 +3,13 @@
 An atexit hook registered before ``zero.initialize`` runs after the engine's own (atexit is
 last in, first out), so what it sees is what interpreter finalization would inherit. It prints
 ``LEFT [thread names]``: gloo's worker and socket-loop threads, rank 0's TCPStore server.
+With the argument ``script-inits`` the script starts the process group itself first, as many
+DeepSpeed scripts do (``dist.init_process_group``), before the engine's modules are imported.
 """
 import atexit
 import json
 import os
+import sys
 
 
 def distributed_threads():
@@ -28,6 +31,8 @@ from launcher import zero  # noqa: E402
 
 
 def main():
+    if sys.argv[1:] == ["script-inits"]:
+        torch.distributed.init_process_group("gloo")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2))
     config = {"train_micro_batch_size_per_gpu": 2,

@@ -1,0 +1,109 @@
+"""The checkpoint layout on disk, and reading it back (shared by load_checkpoint and consolidation).
+
+    save_dir/
+      latest                    the newest complete tag (written last, by rename)
+      <tag>/
+        metadata.json           world size, stage, dtypes, parameters, and which rank holds which
+                                fragments (name, param_start, numel)
+        model_states.pt         rank 0: module state dict, scheduler, loss scaler, counters, client state
+        rank_<r>_shard.pt       rank r: its fragments (fp32 master values and optimizer-state slices), RNG
+
+A fragment is a contiguous slice of one flattened parameter; since every rank saves fragments
+rather than its flat partition, a checkpoint loads at any world size and any stage.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from launcher.zero.errors import CheckpointError
+
+FORMAT_VERSION = 1
+METADATA = "metadata.json"
+MODEL_STATES = "model_states.pt"
+LATEST = "latest"
+
+
+def shard_name(rank: int) -> str:
+    return f"rank_{rank}_shard.pt"
+
+
+def resolve_tag(checkpoint_dir: str, tag: str | None) -> str | None:
+    """The tag to load: the given one, else the content of ``latest`` (None when absent)."""
+    if tag is not None:
+        return str(tag)
+    latest = os.path.join(checkpoint_dir, LATEST)
+    if not os.path.isfile(latest):
+        return None
+    with open(latest, encoding="utf-8") as handle:
+        return handle.read().strip()
+
+
+def tag_dir(checkpoint_dir: str, tag: str) -> str:
+    path = os.path.join(checkpoint_dir, tag)
+    if not os.path.isfile(os.path.join(path, METADATA)):
+        if not os.path.isdir(checkpoint_dir):
+            raise CheckpointError(f"checkpoint directory not found: {checkpoint_dir}",
+                                  hint="pass the save_dir given to save_checkpoint")
+        tags = sorted(t for t in os.listdir(checkpoint_dir)
+                      if os.path.isfile(os.path.join(checkpoint_dir, t, METADATA)))
+        raise CheckpointError(f"no checkpoint '{tag}' in {checkpoint_dir}",
+                              hint=f"available tags: {', '.join(tags)}" if tags else "save a checkpoint first")
+    return path
+
+
+def read_metadata(path: str) -> dict[str, Any]:
+    try:
+        with open(os.path.join(path, METADATA), encoding="utf-8") as handle:
+            metadata = json.load(handle)
+    except (OSError, ValueError) as error:
+        raise CheckpointError(f"{path}/{METADATA}: unreadable ({error})", hint="the checkpoint is damaged") from None
+    if metadata.get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: checkpoint format {metadata.get('format')!r} is not {FORMAT_VERSION}",
+                              hint="this checkpoint was written by another version or tool")
+    return metadata
+
+
+def load_file(path: str):
+    import torch
+
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint file missing: {path}", hint="the checkpoint is incomplete")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:  # torch raises many kinds for a damaged file
+        raise CheckpointError(f"{path}: unreadable ({type(error).__name__}: {error})",
+                              hint="the checkpoint is damaged") from None
+
+
+def ranks_overlapping(metadata: dict, wanted: dict[str, list[tuple[int, int]]]) -> list[int]:
+    """Saved ranks holding any part of the wanted ``{name: [(start, end), ...]}`` ranges."""
+    ranks = []
+    for rank, listing in enumerate(metadata["ranks"]):
+        for name, start, numel in listing:
+            if any(start < end and low < start + numel for low, end in wanted.get(name, ())):
+                ranks.append(rank)
+                break
+    return ranks
+
+
+def copy_overlap(target, target_start: int, source, source_start: int) -> None:
+    """Copy the overlap of two slices of one flattened parameter (``*_start`` = element offsets)."""
+    low = max(target_start, source_start)
+    high = min(target_start + target.numel(), source_start + source.numel())
+    if low < high:
+        target[low - target_start:high - target_start].copy_(source[low - source_start:high - source_start])
+
+
+def full_fp32_params(path: str, metadata: dict) -> dict:
+    """Every trainable parameter rebuilt whole in fp32 from all shards (consolidation)."""
+    import torch
+
+    full = {p["name"]: torch.zeros(p["numel"], dtype=torch.float32) for p in metadata["params"]}
+    for rank in range(metadata["world_size"]):
+        shard = load_file(os.path.join(path, shard_name(rank)))
+        for fragment in shard["fragments"]:
+            target = full[fragment["name"]]
+            copy_overlap(target, 0, fragment["fp32"].float(), fragment["param_start"])
+    return {p["name"]: full[p["name"]].view(p["shape"]) for p in metadata["params"]}

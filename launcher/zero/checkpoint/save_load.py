@@ -1,0 +1,277 @@
+"""save_checkpoint / load_checkpoint: collective, crash-safe, and independent of the world size.
+
+Save: every rank writes its shard into ``save_dir/.<tag>.partial``; after a barrier rank 0 adds
+the metadata, renames the folder to ``<tag>`` and only then rewrites ``latest`` (by rename), so a
+crash at any point leaves the previous checkpoint and ``latest`` intact. Load: each rank reads
+only the shards that overlap its own fragments (its own shard when nothing changed).
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import sys
+
+import torch
+import torch.distributed as dist
+
+from launcher.zero.checkpoint import format as fmt
+from launcher.zero.errors import CheckpointError
+
+SCALAR = "scalars"
+
+
+# ---- save ---------------------------------------------------------------------------------------
+def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None = None, save_latest: bool = True) -> bool:
+    save_dir = os.fspath(save_dir)
+    tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
+    _check_tag(engine, tag)
+    rank = engine.dist.rank
+    partial = os.path.join(save_dir, f".{tag}.partial")
+    if rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        os.makedirs(partial)
+    _barrier(engine)
+    fragments = engine.strategy.fragments()
+    torch.save(_shard(engine, fragments), os.path.join(partial, fmt.shard_name(rank)))
+    listings = _all_gather_object(engine, [[f.name, f.param_start, f.numel] for f in fragments])
+    module_state = engine.strategy.module_state_dict()  # collective at stage 3
+    if rank == 0:
+        torch.save(_model_states(engine, module_state, client_state or {}), os.path.join(partial, fmt.MODEL_STATES))
+        with open(os.path.join(partial, fmt.METADATA), "w", encoding="utf-8") as handle:
+            json.dump(_metadata(engine, listings), handle, indent=1)
+    _barrier(engine)
+    if rank == 0:
+        _publish(save_dir, partial, tag, save_latest)
+    _barrier(engine)
+    return True
+
+
+def _shard(engine, fragments) -> dict:
+    records = []
+    for fragment in fragments:
+        segment = slice(fragment.master_offset, fragment.master_offset + fragment.numel)
+        state = engine.optimizer.state.get(fragment.master, {})
+        record = {"name": fragment.name, "group": fragment.group, "param_start": fragment.param_start,
+                  "numel": fragment.numel, "fp32": fragment.master.detach().view(-1)[segment].float().cpu().clone(),
+                  "state": {}, SCALAR: {}}
+        for key, value in state.items():
+            if torch.is_tensor(value) and value.numel() == fragment.master.numel() and value.dim() > 0:
+                record["state"][key] = value.detach().view(-1)[segment].cpu().clone()
+            else:
+                record[SCALAR][key] = value.detach().cpu().clone() if torch.is_tensor(value) else value
+        records.append(record)
+    shard = {"format": fmt.FORMAT_VERSION, "rank": engine.dist.rank, "fragments": records, "rng": _rng_state()}
+    extra = getattr(engine.optimizer, "extra_state_dict", None)
+    if extra is not None:  # per-rank optimizer state beyond the parameters (1-bit Adam's error buffers)
+        shard["optimizer_extra"] = extra()
+    return shard
+
+
+def _model_states(engine, module_state, client_state) -> dict:
+    groups = [{k: v for k, v in group.items() if k != "params"} for group in engine.optimizer.param_groups]
+    return {"module": module_state, "param_groups": groups,
+            "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
+            "loss_scaler": engine.loss_scaler.state_dict() if engine.loss_scaler is not None else None,
+            "global_steps": engine.global_steps, "global_samples": engine.global_samples,
+            "skipped_steps": engine.skipped_steps, "micro_steps": engine.micro_steps,
+            "client_state": client_state, "ds_config": engine.config.raw}
+
+
+def _metadata(engine, listings) -> dict:
+    params, shared, frozen = [], {}, []
+    canonical = {}
+    for name, param in engine.module.named_parameters(remove_duplicate=False):
+        if id(param) in canonical:
+            shared[name] = canonical[id(param)]
+            continue
+        canonical[id(param)] = name
+        if param.requires_grad:
+            params.append({"name": name, "shape": list(_full_shape(engine, name, param)), "numel": _numel(engine, name, param)})
+        else:
+            frozen.append(name)
+    return {"format": fmt.FORMAT_VERSION, "world_size": engine.dist.world_size, "stage": engine.config.zero_stage,
+            "param_dtype": str(engine.precision.param_dtype), "global_steps": engine.global_steps,
+            "params": params, "shared_params": shared, "frozen_params": frozen, "ranks": listings}
+
+
+def _full_shape(engine, name, param):
+    shapes = getattr(engine.strategy, "param_shapes", None)  # stage 3 knows the unpartitioned shape
+    return tuple(shapes[name]) if shapes and name in shapes else tuple(param.shape)
+
+
+def _numel(engine, name, param) -> int:
+    count = 1
+    for dim in _full_shape(engine, name, param):
+        count *= dim
+    return count
+
+
+def _publish(save_dir: str, partial: str, tag: str, save_latest: bool) -> None:
+    final = os.path.join(save_dir, tag)
+    old = os.path.join(save_dir, f".{tag}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.exists(final):
+        os.replace(final, old)
+    os.replace(partial, final)
+    shutil.rmtree(old, ignore_errors=True)
+    if save_latest:
+        temporary = os.path.join(save_dir, f".{fmt.LATEST}.tmp")
+        with open(temporary, "w", encoding="utf-8") as handle:
+            handle.write(tag)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, os.path.join(save_dir, fmt.LATEST))
+
+
+# ---- load ---------------------------------------------------------------------------------------
+def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
+                    load_lr_scheduler_states=True, load_module_only=False):
+    load_dir = os.fspath(load_dir)
+    tag = fmt.resolve_tag(load_dir, tag)
+    if tag is None:
+        engine.monitor.warn(f"no 'latest' file in {load_dir}: nothing loaded (pass tag= to pick one)")
+        return None, None
+    path = fmt.tag_dir(load_dir, tag)
+    metadata = fmt.read_metadata(path)
+    states = fmt.load_file(os.path.join(path, fmt.MODEL_STATES))
+    _check_params(engine, metadata, load_module_strict)
+    engine.strategy.load_module_state_dict(states["module"], strict=load_module_strict)
+    fragments = engine.strategy.fragments()
+    wanted: dict[str, list] = {}
+    for f in fragments:
+        wanted.setdefault(f.name, []).append((f.param_start, f.param_start + f.numel))
+    ranks = fmt.ranks_overlapping(metadata, wanted)
+    shards = {r: fmt.load_file(os.path.join(path, fmt.shard_name(r))) for r in ranks}
+    with_optimizer = load_optimizer_states and not load_module_only
+    _restore_fragments(engine, fragments, shards, with_optimizer)
+    engine.strategy.sync_params_from_master()
+    if not load_module_only:
+        _restore_training_state(engine, path, states, metadata, shards, load_optimizer_states, load_lr_scheduler_states)
+    return path, states.get("client_state", {})
+
+
+def _check_params(engine, metadata, strict: bool) -> None:
+    saved = {p["name"]: tuple(p["shape"]) for p in metadata["params"]}
+    current = {}
+    for name, param in engine.module.named_parameters():
+        if param.requires_grad:
+            current[name] = _full_shape(engine, name, param)
+    missing = sorted(set(current) - set(saved))
+    wrong = sorted(n for n in set(current) & set(saved) if current[n] != saved[n])
+    if wrong:
+        name = wrong[0]
+        raise CheckpointError(f"parameter '{name}' has shape {list(current[name])} but the checkpoint has {list(saved[name])}",
+                              hint="load a checkpoint of the same model")
+    if missing and strict:
+        raise CheckpointError(f"the checkpoint has no parameter '{missing[0]}' ({len(missing)} missing)",
+                              hint="load a checkpoint of the same model, or pass load_module_strict=False")
+
+
+def _restore_fragments(engine, fragments, shards, with_optimizer: bool) -> None:
+    saved_by_name: dict[str, list] = {}
+    for shard in shards.values():
+        for record in shard["fragments"]:
+            saved_by_name.setdefault(record["name"], []).append(record)
+    new_states: dict[int, dict] = {}
+    masters = {}
+    with torch.no_grad():
+        for fragment in fragments:
+            flat = fragment.master.view(-1)[fragment.master_offset:fragment.master_offset + fragment.numel]
+            masters[id(fragment.master)] = fragment.master
+            for record in saved_by_name.get(fragment.name, ()):
+                fmt.copy_overlap(flat, fragment.param_start, record["fp32"].to(flat.dtype), record["param_start"])
+                if not with_optimizer:
+                    continue
+                state = new_states.setdefault(id(fragment.master), {})
+                group = engine.optimizer.param_groups[fragment.group] if fragment.group < len(engine.optimizer.param_groups) else {}
+                # torch's policy: scalar state (the step count) stays on the CPU unless capturable or fused
+                on_device = bool(group.get("capturable") or group.get("fused"))
+                for key, value in record[SCALAR].items():
+                    if torch.is_tensor(value) and on_device:
+                        value = value.to(fragment.master.device)
+                    state.setdefault(key, value)
+                for key, value in record["state"].items():
+                    if key not in state:
+                        state[key] = torch.zeros(fragment.master.shape, dtype=value.dtype, device=fragment.master.device)
+                    target = state[key].view(-1)[fragment.master_offset:fragment.master_offset + fragment.numel]
+                    fmt.copy_overlap(target, fragment.param_start, value, record["param_start"])
+    if with_optimizer:
+        for key, state in new_states.items():
+            engine.optimizer.state[masters[key]] = state
+
+
+def _restore_training_state(engine, path, states, metadata, shards, load_optimizer_states,
+                            load_lr_scheduler_states) -> None:
+    if load_optimizer_states and len(states["param_groups"]) == len(engine.optimizer.param_groups):
+        for group, saved in zip(engine.optimizer.param_groups, states["param_groups"]):
+            group.update(saved)
+    if load_lr_scheduler_states and engine.lr_scheduler is not None and states.get("lr_scheduler") is not None:
+        engine.lr_scheduler.load_state_dict(states["lr_scheduler"])
+    if engine.loss_scaler is not None and states.get("loss_scaler") is not None:
+        engine.loss_scaler.load_state_dict(states["loss_scaler"])
+    for key in ("global_steps", "global_samples", "skipped_steps", "micro_steps"):
+        setattr(engine, key, states[key])
+    if metadata["world_size"] == engine.dist.world_size:  # RNG streams are per rank
+        own = shards.get(engine.dist.rank) or fmt.load_file(os.path.join(path, fmt.shard_name(engine.dist.rank)))
+        _set_rng_state(own["rng"])
+        restore = getattr(engine.optimizer, "load_extra_state_dict", None)
+        if load_optimizer_states and restore is not None and own.get("optimizer_extra") is not None:
+            restore(own["optimizer_extra"])
+
+
+# ---- helpers --------------------------------------------------------------------------------------
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    if "numpy" in sys.modules:
+        state["numpy"] = sys.modules["numpy"].random.get_state()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    if "numpy" in state and "numpy" in sys.modules:
+        sys.modules["numpy"].random.set_state(state["numpy"])
+
+
+def _barrier(engine) -> None:
+    if engine.dist.world_size > 1:
+        dist.barrier(group=engine.dist.group)
+
+
+def _all_gather_object(engine, value) -> list:
+    """Every rank's JSON-able `value`, as JSON bytes in tensors.
+
+    torch's all_gather_object needs numpy (an optional dependency of torch) to decode.
+    """
+    if engine.dist.world_size == 1:
+        return [value]
+    device, group, world = engine.dist.device, engine.dist.group, engine.dist.world_size
+    data = torch.tensor(list(json.dumps(value).encode()), dtype=torch.uint8, device=device)
+    length = torch.tensor([data.numel()], dtype=torch.int64, device=device)
+    lengths = [torch.zeros_like(length) for _ in range(world)]
+    dist.all_gather(lengths, length, group=group)
+    longest = int(max(n.item() for n in lengths))
+    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+    padded[:data.numel()] = data
+    chunks = [torch.zeros_like(padded) for _ in range(world)]
+    dist.all_gather(chunks, padded, group=group)
+    return [json.loads(bytes(chunk[:int(n.item())].tolist()).decode()) for chunk, n in zip(chunks, lengths)]
+
+
+def _check_tag(engine, tag: str) -> None:
+    mode = engine.config.checkpoint.tag_validation.lower()
+    if mode == "ignore" or engine.dist.world_size == 1:
+        return
+    tags = _all_gather_object(engine, tag)
+    if len(set(tags)) > 1:
+        text = f"checkpoint tag differs across ranks: {sorted(set(tags))}"
+        if mode == "fail":
+            raise CheckpointError(text, hint="pass the same tag on every rank")
+        engine.monitor.warn(text)

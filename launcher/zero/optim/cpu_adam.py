@@ -1,0 +1,150 @@
+"""A fast Adam/AdamW step for flat fp32 buffers in host memory (ZeRO-Offload's optimizer).
+
+The step runs torch's fused CPU Adam kernel (vectorized, torch >= 2.4) over contiguous
+chunks of one flat buffer, the chunks spread over a thread pool; each chunk is also copied
+into the 16-bit device-bound buffer while it is still in cache, so the update and the
+down-cast are one pass over memory. Without the fused kernel it falls back to the same
+arithmetic as torch.optim.AdamW's single-tensor path. Results equal torch.optim.AdamW.
+
+Glossary: a *chunk* is a contiguous slice of the flat buffer that one thread updates.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+DEFAULT_CHUNK_ELEMENTS = 1 << 20     # 4 MiB of fp32: large enough to amortize the call, small enough for cache-friendly copies
+_HAS_FUSED = hasattr(torch, "_fused_adamw_") and hasattr(torch, "_fused_adam_")
+
+
+def default_num_threads() -> int:
+    """One thread per core this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+def _chunks(numel: int, chunk_elements: int) -> list[tuple[int, int]]:
+    return [(start, min(numel, start + chunk_elements)) for start in range(0, numel, chunk_elements)]
+
+
+def _step_reference(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, weight_decay, adamw_mode,
+                    bias_correction):
+    """torch.optim.AdamW's single-tensor arithmetic, for one chunk."""
+    if weight_decay:
+        if adamw_mode:
+            param.mul_(1 - lr * weight_decay)
+        else:
+            grad = grad.add(param, alpha=weight_decay)
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    correction1 = 1 - beta1 ** step if bias_correction else 1.0
+    correction2_sqrt = math.sqrt(1 - beta2 ** step) if bias_correction else 1.0
+    denom = (exp_avg_sq.sqrt() / correction2_sqrt).add_(eps)
+    param.addcdiv_(exp_avg, denom, value=-lr / correction1)
+
+
+class CPUAdam(torch.optim.Optimizer):
+    """Adam/AdamW for fp32 CPU parameters, multi-threaded over chunks of each parameter.
+
+    adamw_mode=True (DeepSpeed's default) decouples weight decay as torch.optim.AdamW;
+    False adds it to the gradient as torch.optim.Adam. `step(params_16bit=...)` also writes
+    each updated parameter into a same-shaped 16-bit (or any dtype) tensor.
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0, adamw_mode: bool = True, bias_correction: bool = True,
+                 num_threads: int | None = None, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+                 use_fused: bool | None = None):
+        if lr < 0 or eps < 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
+            raise ValueError(f"invalid Adam hyper-parameters lr={lr} betas={betas} eps={eps} "
+                             f"weight_decay={weight_decay}")
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+                        adamw_mode=adamw_mode, bias_correction=bias_correction)
+        super().__init__(params, defaults)
+        self.num_threads = num_threads or default_num_threads()
+        self.chunk_elements = int(chunk_elements)
+        self.use_fused = _HAS_FUSED if use_fused is None else (use_fused and _HAS_FUSED)
+        self._pool = ThreadPoolExecutor(self.num_threads) if self.num_threads > 1 else None
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state.pop("_pool", None)
+        return state
+
+    def _state_for(self, p):
+        state = self.state[p]
+        if not state:
+            # checked here, not in __init__: an engine hands over the host masters after construction
+            if p.device.type != "cpu" or p.dtype != torch.float32:
+                raise ValueError(f"CPUAdam updates fp32 CPU tensors, got {p.dtype} on {p.device}")
+            # a tensor step keeps the state dict loadable by torch.optim.AdamW and back
+            state["step"] = torch.zeros((), dtype=torch.float32)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return state
+
+    @torch.no_grad()
+    def step(self, closure=None, params_16bit=None):
+        """One update of every parameter with a gradient; `params_16bit` maps param -> copy target."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        jobs = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("CPUAdam does not support sparse gradients")
+                state = self._state_for(p)
+                state["step"] += 1
+                target = None if params_16bit is None else params_16bit.get(p)
+                jobs.extend(self._chunk_jobs(p, state, group, target))
+        self._run(jobs)
+        return loss
+
+    def _chunk_jobs(self, p, state, group, target):
+        flat = [t.detach().view(-1) for t in (p, p.grad, state["exp_avg"], state["exp_avg_sq"])]
+        out = None if target is None else target.detach().view(-1)
+        step = float(state["step"])
+        step_tensor = state["step"]
+        return [(tuple(t[a:b] for t in flat), None if out is None else out[a:b], step, step_tensor, group)
+                for a, b in _chunks(p.numel(), self.chunk_elements)]
+
+    def _run(self, jobs):
+        if self._pool is None or len(jobs) == 1:
+            for job in jobs:
+                self._step_chunk(*job)
+            return
+        for future in [self._pool.submit(self._step_chunk, *job) for job in jobs]:
+            future.result()
+
+    @torch.no_grad()   # grad mode is per thread: the pool's threads need it too
+    def _step_chunk(self, tensors, out, step, step_tensor, group):
+        param, grad, exp_avg, exp_avg_sq = tensors
+        beta1, beta2 = group["betas"]
+        lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+        if self.use_fused and group["bias_correction"]:
+            fused = torch._fused_adamw_ if group["adamw_mode"] else torch._fused_adam_
+            fused([param], [grad], [exp_avg], [exp_avg_sq], [], [step_tensor], lr=float(lr), beta1=beta1,
+                  beta2=beta2, weight_decay=wd, eps=eps, amsgrad=False, maximize=False)
+        else:
+            _step_reference(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, wd,
+                            group["adamw_mode"], group["bias_correction"])
+        if out is not None:
+            out.copy_(param)
+
+
+def adam_step_flat(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
+                   step: int, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+                   adamw_mode: bool = True) -> None:
+    """One Adam(W) update of flat fp32 CPU buffers in place, single-threaded reference arithmetic."""
+    _step_reference(param.view(-1), grad.view(-1), exp_avg.view(-1), exp_avg_sq.view(-1), step, lr,
+                    betas[0], betas[1], eps, weight_decay, adamw_mode, True)

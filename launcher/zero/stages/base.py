@@ -1,0 +1,249 @@
+"""The ZeRO stage as a pluggable strategy: the protocol every stage implements, and its registry.
+
+The engine (engine.py) owns the training step: micro-step counting, loss scaling, clipping,
+the overflow decision, the scheduler and checkpoints. A strategy owns *where tensors live and
+how gradients and parameters move between ranks*. The engine talks to a strategy only through
+the methods below, always in this order:
+
+    setup(module, optimizer)                  once, from zero.initialize
+    per micro-step:
+        pre_forward(); out = module(...); post_forward()
+        pre_backward(is_boundary); loss.backward(); post_backward(is_boundary)
+    on an accumulation boundary (engine.step):
+        prepare_master_grads()                master tensors get .grad: fp32, averaged over the
+                                              data-parallel ranks, still times the loss scale
+        grad_norm_and_overflow()              collective; same answer on every rank
+        then either (overflow)  zero_grad()
+        or          scale_master_grads(1 / combined_scale); optimizer.step();
+                    after_optimizer_step(); zero_grad()
+    checkpoints: fragments(), module_state_dict(), load_module_state_dict(), sync_params_from_master()
+    reporting:   memory_breakdown()
+
+Glossary. *master tensor*: a tensor the optimizer steps (fp32 unless configured otherwise); at
+stages 1-3 it holds only this rank's *partition*. *fragment*: the part of one model parameter
+that lives inside one master tensor on this rank (a stage-0 master holds whole parameters; a
+partition may cut a parameter anywhere). Checkpoints are written as fragments, which is what
+makes them independent of the world size and of the stage.
+
+The optimizer handed to ``setup`` was built over the module's parameters (its param groups carry
+the per-group hyper-parameters). ``setup`` must replace each group's ``"params"`` with the master
+tensors of that group, leaving every other group key alone, so that schedulers keep working on
+the same ``param_groups`` dicts. The optimizer state must still be empty at that point.
+
+Registering a stage (ZeRO-3 and offload live in their own modules)::
+
+    from launcher.zero.stages.base import ZeroStrategy, register_strategy
+    class Stage3Strategy(ZeroStrategy): ...
+    register_strategy(3, Stage3Strategy)                 # stage 3, no optimizer offload
+    register_strategy(3, Stage3Strategy, offload=True)   # stage 3 with offload_optimizer
+
+Entries may also be lazy ``"module:Class"`` strings; the defaults below point stage 3 at
+``launcher.zero.stages.stage3:Stage3Strategy`` and offloaded stages 1/2 at
+``launcher.zero.stages.offload:OffloadStrategy``, imported only when a config asks for them.
+"""
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from launcher.zero.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from launcher.zero.config import ZeroConfig
+    from launcher.zero.dist import DistContext
+    from launcher.zero.precision import PrecisionPolicy
+
+
+@dataclass(frozen=True)
+class StrategyContext:
+    """Everything a strategy needs besides the module and optimizer; built by the engine."""
+
+    config: "ZeroConfig"            # resolved (batch triplet filled for this world size)
+    dist: "DistContext"             # process group, rank, world_size, device
+    precision: "PrecisionPolicy"    # param dtype, gradient-accumulation dtype, communication dtype
+    reduce_gradients: bool = True   # False when the optimizer does its own gradient communication
+
+
+@dataclass(frozen=True)
+class Fragment:
+    """One parameter's slice inside one master tensor on this rank (see module docstring)."""
+
+    name: str                 # the parameter's name in module.named_parameters()
+    group: int                # index of the optimizer param group the master belongs to
+    master: torch.Tensor      # the master tensor (the one the optimizer sees)
+    master_offset: int        # first element of the slice in master.view(-1)
+    param_start: int          # first element of the slice in the flattened parameter
+    numel: int                # length of the slice
+    shape: tuple[int, ...]    # full shape of the parameter
+
+
+@dataclass(frozen=True)
+class GradStats:
+    """Global gradient statistics of one step, identical on every rank."""
+
+    norm: float               # L2 norm over all master grads (still times the loss scale)
+    overflow: bool            # an inf or NaN anywhere on any rank
+
+
+class ZeroStrategy(ABC):
+    """Base of every ZeRO stage. Subclasses set ``stage`` and implement the abstract methods."""
+
+    stage: ClassVar[int]
+    #: True when each rank's master grads cover only its partition, so norms need a sum over ranks.
+    partitioned_grads: ClassVar[bool] = True
+
+    def __init__(self, context: StrategyContext):
+        self.context = context
+        self.module: torch.nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    # ---- set-up -------------------------------------------------------------------------
+    @abstractmethod
+    def setup(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """Take ownership of the trainable parameters and point the optimizer at master tensors."""
+
+    # ---- forward / backward -------------------------------------------------------------
+    def pre_forward(self) -> None:
+        """Called before every forward (stage 3 gathers parameters here)."""
+
+    def post_forward(self) -> None:
+        """Called after every forward."""
+
+    def pre_backward(self, is_boundary: bool) -> None:
+        """Called before loss.backward(); ``is_boundary`` tells if this micro-step ends the accumulation."""
+
+    @abstractmethod
+    def post_backward(self, is_boundary: bool) -> None:
+        """Called after loss.backward(): finish (wait for) the gradient communication of this micro-step."""
+
+    # ---- the step ------------------------------------------------------------------------
+    @abstractmethod
+    def prepare_master_grads(self) -> None:
+        """Give every master tensor its averaged fp32 ``.grad`` (times the loss scale)."""
+
+    @abstractmethod
+    def master_tensors(self) -> list[torch.Tensor]:
+        """The tensors the optimizer steps, one list entry per tensor (group order)."""
+
+    def grad_norm_and_overflow(self) -> GradStats:
+        """Global L2 norm and overflow flag of the master grads; a collective when partitioned."""
+        masters = self.master_tensors()
+        device = masters[0].device if masters else self.context.dist.device
+        totals = torch.zeros(2, dtype=torch.float64, device=device)
+        for master in masters:
+            grad = master.grad
+            if grad is None or grad.numel() == 0:
+                continue
+            grad = grad.detach()
+            finite = torch.isfinite(grad).all()
+            totals[1] += (~finite).to(torch.float64)
+            # the norm of a non-finite tensor is garbage anyway; keep the sum itself finite
+            totals[0] += torch.where(finite, grad.double().pow(2).sum(), torch.zeros((), dtype=torch.float64, device=device))
+        if self.partitioned_grads and self.context.dist.world_size > 1:
+            on_comm_device = totals.to(self.context.dist.device)
+            torch.distributed.all_reduce(on_comm_device, group=self.context.dist.group)
+            totals = on_comm_device
+        overflow = bool(totals[1].item() > 0)
+        norm = float("inf") if overflow else float(totals[0].sqrt().item())
+        return GradStats(norm=norm, overflow=overflow)
+
+    def scale_master_grads(self, factor: float) -> None:
+        """Multiply every master grad by ``factor`` (unscale and clip in one pass)."""
+        if factor == 1.0:
+            return
+        for master in self.master_tensors():
+            if master.grad is not None:
+                master.grad.mul_(factor)
+
+    @abstractmethod
+    def after_optimizer_step(self) -> None:
+        """Copy updated masters into the model parameters (and all-gather them when partitioned)."""
+
+    @abstractmethod
+    def zero_grad(self) -> None:
+        """Drop every gradient (model and master) so the next accumulation starts from zero."""
+
+    # ---- checkpoints ---------------------------------------------------------------------
+    @abstractmethod
+    def fragments(self) -> list[Fragment]:
+        """Every fragment of every trainable parameter held on this rank."""
+
+    def sync_params_from_master(self) -> None:
+        """Refresh the model parameters from the masters (after a checkpoint load)."""
+        self.after_optimizer_step()
+
+    def module_state_dict(self) -> dict[str, Any]:
+        """The module's full state dict (stage 3 gathers here); called on every rank."""
+        assert self.module is not None
+        return self.module.state_dict()
+
+    def load_module_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
+        """Load a full module state dict (buffers, frozen parameters and the model-dtype weights)."""
+        assert self.module is not None
+        self.module.load_state_dict(state, strict=strict)
+
+    def destroy(self) -> None:
+        """Remove the hooks this strategy put on the module and its parameters (engine.destroy)."""
+        for handle in getattr(self, "hooks", ()):
+            handle.remove()
+
+    # ---- reporting -----------------------------------------------------------------------
+    @abstractmethod
+    def memory_breakdown(self) -> dict[str, int]:
+        """Bytes this rank holds: keys ``parameters``, ``gradients``, ``master_weights``, ``optimizer_states``."""
+
+    def optimizer_state_bytes(self) -> int:
+        """Bytes of tensors in the optimizer's state (shared helper for memory_breakdown)."""
+        if self.optimizer is None:
+            return 0
+        total = 0
+        for state in self.optimizer.state.values():
+            for value in state.values():
+                if torch.is_tensor(value) and value.dim() > 0:
+                    total += value.numel() * value.element_size()
+        return total
+
+
+# ---- registry -----------------------------------------------------------------------------
+STRATEGIES: dict[tuple[int, bool], Any] = {
+    (0, False): "launcher.zero.stages.stage0:Stage0Strategy",
+    (1, False): "launcher.zero.stages.stage1:Stage1Strategy",
+    (2, False): "launcher.zero.stages.stage2:Stage2Strategy",
+    (3, False): "launcher.zero.stages.stage3:Stage3Strategy",
+    (1, True): "launcher.zero.stages.offload:OffloadStrategy",
+    (2, True): "launcher.zero.stages.offload:OffloadStrategy",
+    (3, True): "launcher.zero.stages.stage3:Stage3Strategy",
+}
+
+
+def register_strategy(stage: int, strategy: Any, *, offload: bool = False) -> None:
+    """Register a strategy class (or a lazy "module:Class" string) for a stage."""
+    STRATEGIES[(int(stage), bool(offload))] = strategy
+
+
+def resolve_strategy(stage: int, offload: bool = False) -> type[ZeroStrategy]:
+    """The strategy class for a stage; a stage whose module is missing is a ConfigError."""
+    entry = STRATEGIES.get((stage, offload))
+    if entry is None:
+        raise ConfigError(
+            f"zero_optimization.stage: no strategy for stage {stage}"
+            + (" with offload_optimizer" if offload else ""),
+            hint="use stage 0, 1, 2 or 3",
+        )
+    if isinstance(entry, str):
+        module_name, _, class_name = entry.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+            entry = getattr(module, class_name)
+        except (ImportError, AttributeError) as error:
+            raise ConfigError(
+                f"zero_optimization.stage: stage {stage}" + (" with offload" if offload else "")
+                + f" is not available in this build ({error})",
+                hint="use a stage without offload, or install a build that has it",
+            ) from error
+        STRATEGIES[(stage, offload)] = entry
+    return entry

@@ -1,0 +1,407 @@
+"""ZeRO stage 3: parameters, gradients and optimizer state all partitioned across ranks.
+
+Set-up partitions every trainable parameter of at least ``stage3_param_persistence_threshold``
+elements (one shard per rank, DeepSpeed's per-parameter layout) and keeps the smaller ones whole.
+Each optimizer group gets one flat master on this rank (shards and persistent parameters end
+to end, see layout.py). During backward a partitioned parameter's gradient is reduce-scattered
+into its owner's shard as soon as autograd has accumulated it, and the full gradient and the
+gathered parameter are dropped; persistent gradients are all-reduced once per boundary.
+
+With ``offload_optimizer`` the masters, their gradients and the optimizer state live in
+(pinned) host memory and the step runs on the CPU; with ``offload_param`` the shards do too.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from launcher.zero.collectives import gradient_scales
+from launcher.zero.errors import ConfigError
+from launcher.zero.layout.flat import trainable_groups
+from launcher.zero.stages.stage3 import params as P
+from launcher.zero.stages.stage3.comm import reduce_scatter_shard
+from launcher.zero.stages.stage3.coordinator import ParamCoordinator, Stage3Options
+from launcher.zero.stages.stage3.layout import Stage3Slot, choose_persistent, plan_group
+from launcher.zero.stages.base import Fragment, GradStats, ZeroStrategy
+
+
+def stage3_options(zero) -> Stage3Options:
+    return Stage3Options(prefetch_bucket_size=int(zero.stage3_prefetch_bucket_size),
+                         max_live_parameters=int(zero.stage3_max_live_parameters),
+                         max_reuse_distance=int(zero.stage3_max_reuse_distance),
+                         param_persistence_threshold=int(zero.stage3_param_persistence_threshold),
+                         model_persistence_threshold=int(zero.stage3_model_persistence_threshold))
+
+
+def host_buffer(numel: int, dtype: torch.dtype, pin: bool) -> torch.Tensor:
+    """A zeroed CPU tensor, page-locked when asked and a GPU exists (pinning needs one)."""
+    pin = pin and torch.cuda.is_available()
+    return torch.zeros(numel, dtype=dtype, pin_memory=pin)
+
+
+class Stage3Strategy(ZeroStrategy):
+    """Partitioned parameters gathered per module; see the module docstring."""
+
+    stage = 3
+    partitioned_grads = True
+
+    # ---- set-up ---------------------------------------------------------------------------
+    def setup(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        if any(optimizer.state.values()):
+            raise ConfigError("optimizer: the client optimizer already holds state",
+                              hint="pass a freshly built optimizer to zero.initialize")
+        ctx, zero = self.context, self.context.config.zero_optimization
+        self.module, self.optimizer = module, optimizer
+        self.options = stage3_options(zero)
+        self.offload_optimizer = zero.offload_optimizer_active
+        self.offload_param = zero.offload_param is not None and zero.offload_param.active
+        pin = bool(self.offload_optimizer and zero.offload_optimizer.pin_memory)
+        self.master_device = torch.device("cpu") if self.offload_optimizer else ctx.dist.device
+        self.shard_device = torch.device("cpu") if self.offload_param else ctx.dist.device
+        self.pre_scale, self.post_scale = gradient_scales(ctx.config, ctx.dist.world_size)
+        names = {id(p): n for n, p in module.named_parameters()}
+        trainable = trainable_groups(optimizer, names)
+        self._place_parameters(module, trainable)
+        # full shapes by name, for checkpoints (ckpt.py reads this) and users
+        self.param_shapes = {n: tuple(P.full_shape(p)) for n, p in module.named_parameters()}
+        self.aliased = True
+        self.group_slots: list[list[Stage3Slot]] = []
+        self.group_params: list[list[torch.nn.Parameter]] = []
+        self.masters: list[torch.Tensor] = []
+        self.grads: list[torch.Tensor] = []
+        grad_dtype = torch.float32 if self.offload_optimizer else ctx.precision.grad_accum_dtype
+        for index, params in trainable:
+            whole = [not P.is_partitioned(p) for p in params]
+            slots, total = plan_group([names[id(p)] for p in params], [tuple(P.full_shape(p)) for p in params],
+                                      whole, ctx.dist.world_size, ctx.dist.rank)
+            master = self._build_master(params, slots, total, pin)
+            self.group_slots.append(slots)
+            self.group_params.append(params)
+            self.masters.append(master)
+            grad_device = self.master_device if self.offload_optimizer else ctx.dist.device
+            self.grads.append(host_buffer(total, grad_dtype, pin) if grad_device.type == "cpu" and pin
+                              else torch.zeros(total, dtype=grad_dtype, device=grad_device))
+            optimizer.param_groups[index]["params"] = [master]
+        self.coordinator = ParamCoordinator(module, self.options)
+        self.coordinator.install()
+        self._hooks = []
+        self._pending: list[tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._pending_numel = 0
+        self._keep_alive: list[torch.Tensor] = []
+        self._touched: set[tuple[int, int]] = set()    # shards with a gradient since zero_grad
+        for position, params in enumerate(self.group_params):
+            for slot_index, p in enumerate(params):
+                if P.is_partitioned(p):
+                    self._hooks.append(p.register_hook(lambda grad, param=p: P.give_shape(param)))
+                    self._hooks.append(p.register_post_accumulate_grad_hook(
+                        lambda param, g=position, s=slot_index: self._on_grad(g, s)))
+
+    def _place_parameters(self, module, trainable) -> None:
+        """Partition what is big enough, keep the rest whole; every rank starts from rank 0's values."""
+        ctx = self.context
+        every = list(dict.fromkeys(module.parameters()))
+        numels = [P.full_numel(p) for p in every]
+        whole = choose_persistent(numels, self.options.param_persistence_threshold,
+                                  self.options.model_persistence_threshold)
+        dtype = ctx.precision.param_dtype
+        with torch.no_grad():
+            for p, keep_whole in zip(every, whole):
+                if P.is_partitioned(p):
+                    self._adopt(p, keep_whole, dtype)
+                    continue
+                data = p.data.to(device=ctx.dist.device, dtype=dtype if p.is_floating_point() else p.dtype)
+                if ctx.dist.world_size > 1:
+                    dist.broadcast(data, src=self._global_rank(0), group=ctx.dist.group)
+                p.data = data
+                if not keep_whole:
+                    P.partition(p, ctx.dist.group, ctx.dist.rank, ctx.dist.world_size, ctx.dist.device,
+                                shard_device=self.shard_device)
+            for b in module.buffers():
+                b.data = b.data.to(ctx.dist.device)
+                if ctx.dist.world_size > 1:
+                    dist.broadcast(b.data, src=self._global_rank(0), group=ctx.dist.group)
+
+    def _adopt(self, p, keep_whole: bool, dtype) -> None:
+        """A parameter partitioned by zero.Init: check its group, fix dtype and device, maybe make it whole."""
+        ctx, state = self.context, p.ds_state
+        if state.world_size != ctx.dist.world_size or state.rank != ctx.dist.rank:
+            raise ConfigError(f"zero.Init partitioned a parameter over {state.world_size} ranks, "
+                              f"the engine runs on {ctx.dist.world_size}",
+                              hint="build the model under zero.Init with the engine's process group")
+        state.device = ctx.dist.device
+        if keep_whole:
+            P.finish_gather(p)
+            full = p.data.clone()
+            del p.ds_state, p.ds_tensor, p.ds_shape, p.ds_numel
+            p.data = full.to(dtype)
+            return
+        if state.shard.dtype != dtype and state.shard.is_floating_point():
+            state.shard = state.shard.to(dtype)
+        state.shard = state.shard.to(self.shard_device)
+        p.ds_tensor = state.shard
+        p.data = P.empty_like_param(state.shard, state.device)
+
+    def _global_rank(self, group_rank: int) -> int:
+        group = self.context.dist.group
+        return group_rank if group is None else dist.get_global_rank(group, group_rank)
+
+    def _build_master(self, params, slots, total: int, pin: bool) -> torch.Tensor:
+        """The group's flat master; in fp32 without offload the shards become views of it (no copy)."""
+        master_dtype = self.context.precision.master_dtype
+        if self.master_device.type == "cpu" and pin:
+            master = host_buffer(total, master_dtype, pin)
+        else:
+            master = torch.zeros(total, dtype=master_dtype, device=self.master_device)
+        with torch.no_grad():
+            for p, slot in zip(params, slots):
+                view = master[slot.offset:slot.offset + slot.length]
+                source = p.data.reshape(-1) if slot.persistent else p.ds_state.shard
+                view.copy_(source)
+                if source.dtype == master_dtype and source.device == master.device:
+                    if slot.persistent:
+                        p.data = view.view(slot.shape)
+                    else:
+                        p.ds_state.shard = p.ds_tensor = view
+                elif not slot.persistent:
+                    p.ds_state.on_update.append(lambda param, v=view: v.copy_(param.ds_state.shard))
+                elif slot.persistent:
+                    p.ds_after_modify = lambda param, v=view: v.copy_(param.data.reshape(-1))
+        aliased = all((p.data if s.persistent else p.ds_state.shard).untyped_storage().data_ptr()
+                      == master.untyped_storage().data_ptr() for p, s in zip(params, slots))
+        self.aliased = getattr(self, "aliased", True) and aliased
+        return master
+
+    # ---- backward -------------------------------------------------------------------------
+    def _on_grad(self, position: int, slot_index: int) -> None:
+        """A partitioned parameter's full gradient is ready: reduce-scatter it into the owner shards."""
+        p = self.group_params[position][slot_index]
+        slot = self.group_slots[position][slot_index]
+        grad, p.grad = p.grad, None
+        self.coordinator.release(p)
+        if grad is None:
+            return
+        ctx = self.context
+        world = ctx.dist.world_size
+        target = self.grads[position][slot.offset:slot.offset + slot.length]
+        if world == 1:   # nothing to scatter: accumulate straight into the (only) shard
+            target[:slot.numel].add_(grad.reshape(-1).to(device=target.device, dtype=target.dtype),
+                                     alpha=self.pre_scale * self.post_scale)
+            return
+        padded = torch.zeros(slot.length * world, dtype=ctx.precision.comm_dtype, device=grad.device)
+        padded[:slot.numel].copy_(grad.reshape(-1))
+        if self.pre_scale != 1.0:
+            padded.mul_(self.pre_scale)
+        out = torch.empty(slot.length, dtype=padded.dtype, device=padded.device)
+        work = reduce_scatter_shard(out, padded, ctx.dist.group, async_op=True)
+        self._pending.append((work, out, target, (position, slot_index)))
+        self._keep_alive.append(padded)
+        self._pending_numel += padded.numel()
+        bucket = int(ctx.config.zero_optimization.reduce_bucket_size)
+        if not ctx.config.overlap_comm or self._pending_numel >= bucket:
+            self._finish_pending()
+
+    def _finish_pending(self) -> None:
+        """Wait for the reduce-scatters and add each result into its shard's gradient.
+
+        With offload the results go to host memory: the first contribution to a shard since
+        zero_grad is copied straight into the pinned gradient buffer, later ones land in a
+        temporary and are added; all device-to-host copies are queued first and waited for once.
+        """
+        pending, self._pending, self._pending_numel = self._pending, [], 0
+        staged, copied = [], False
+        for work, out, target, key in pending:
+            if work is not None:
+                work.wait()
+            if self.post_scale != 1.0:
+                out.mul_(self.post_scale)
+            if out.device == target.device:
+                target.add_(out)
+            elif key not in self._touched:
+                target.copy_(out, non_blocking=True)
+                copied = True
+            else:
+                staged.append((target, out.to(device=target.device, non_blocking=True)))
+            self._touched.add(key)
+        self._keep_alive = []     # the padded inputs can go once their collectives were waited for
+        if (staged or copied) and torch.cuda.is_available():
+            torch.cuda.current_stream().synchronize()   # the non-blocking copies must land before use
+        for target, host in staged:
+            target.add_(host)
+
+    def post_backward(self, is_boundary: bool) -> None:
+        self._finish_pending()
+        self.coordinator.release_all()
+        if is_boundary:
+            self._reduce_persistent()
+
+    def _reduce_persistent(self) -> None:
+        """All-reduce the whole gradients of persistent parameters once per boundary, in one buffer."""
+        ctx = self.context
+        pairs = [(p, position, slot) for position, params in enumerate(self.group_params)
+                 for p, slot in zip(params, self.group_slots[position]) if slot.persistent]
+        if not pairs:
+            return
+        flat = torch.zeros(sum(s.numel for _, _, s in pairs), dtype=ctx.precision.comm_dtype, device=ctx.dist.device)
+        offset = 0
+        for p, _, slot in pairs:
+            if p.grad is not None:
+                flat[offset:offset + slot.numel].copy_(p.grad.reshape(-1))
+            offset += slot.numel
+        if ctx.dist.world_size > 1 and ctx.reduce_gradients:
+            if self.pre_scale != 1.0:
+                flat.mul_(self.pre_scale)
+            dist.all_reduce(flat, group=ctx.dist.group)
+            if self.post_scale != 1.0:
+                flat.mul_(self.post_scale)
+        offset = 0
+        for p, position, slot in pairs:
+            target = self.grads[position][slot.offset:slot.offset + slot.numel]
+            target.add_(flat[offset:offset + slot.numel].to(device=target.device, dtype=target.dtype))
+            p.grad = None
+            offset += slot.numel
+
+    # ---- the step -------------------------------------------------------------------------
+    def prepare_master_grads(self) -> None:
+        for master, grad in zip(self.masters, self.grads):
+            master.grad = grad if grad.dtype == master.dtype and grad.device == master.device \
+                else grad.to(device=master.device, dtype=master.dtype)
+
+    def master_tensors(self) -> list[torch.Tensor]:
+        return list(self.masters)
+
+    def grad_norm_and_overflow(self) -> GradStats:
+        """Like the base, but a persistent parameter (whole on every rank) is counted once.
+
+        One fp32 norm per group (no float64 copy of the gradients); an inf or NaN anywhere makes
+        that norm non-finite, which is the overflow flag.
+        """
+        ctx = self.context
+        total = torch.zeros((), dtype=torch.float64)
+        for master, slots in zip(self.masters, self.group_slots):
+            if master.grad is None or master.grad.numel() == 0:
+                continue
+            grad = master.grad.detach()
+            total += float(torch.linalg.vector_norm(grad)) ** 2
+            if ctx.dist.rank != 0:   # rank 0 alone accounts for the parameters every rank holds whole
+                for slot in slots:
+                    if slot.persistent:
+                        total -= float(torch.linalg.vector_norm(grad[slot.offset:slot.offset + slot.length])) ** 2
+        if ctx.dist.world_size > 1:
+            on_device = total.to(ctx.dist.device)
+            dist.all_reduce(on_device, group=ctx.dist.group)
+            total = on_device.cpu()
+        squared = float(total)
+        overflow = not (squared == squared and squared != float("inf"))
+        return GradStats(norm=float("inf") if overflow else max(0.0, squared) ** 0.5, overflow=overflow)
+
+    def after_optimizer_step(self) -> None:
+        with torch.no_grad():
+            for params, slots, master in zip(self.group_params, self.group_slots, self.masters):
+                for p, slot in zip(params, slots):
+                    view = master[slot.offset:slot.offset + slot.length]
+                    target = p.data.view(-1) if slot.persistent else p.ds_state.shard
+                    if target.data_ptr() != view.data_ptr():
+                        # from pinned host memory this is asynchronous: it overlaps the next forward,
+                        # and the host masters are not written again before the next step's sync
+                        target.copy_(view, non_blocking=True)
+
+    def zero_grad(self) -> None:
+        self._touched.clear()
+        for master, grad in zip(self.masters, self.grads):
+            grad.zero_()
+            master.grad = None
+        for params in self.group_params:
+            for p in params:
+                p.grad = None
+
+    # ---- checkpoints ----------------------------------------------------------------------
+    def fragments(self) -> list[Fragment]:
+        found = []
+        for position, (slots, master) in enumerate(zip(self.group_slots, self.masters)):
+            index = self._group_index(position)
+            for slot in slots:
+                if slot.covered > 0:
+                    found.append(Fragment(name=slot.name, group=index, master=master, master_offset=slot.offset,
+                                          param_start=slot.param_start, numel=slot.covered, shape=slot.shape))
+        return found
+
+    def _group_index(self, position: int) -> int:
+        masters = {id(m): i for i, g in enumerate(self.optimizer.param_groups) for m in g["params"]}
+        return masters[id(self.masters[position])]
+
+    def module_state_dict(self) -> dict[str, Any]:
+        """The full state dict, gathered parameter by parameter (collective: call on every rank)."""
+        gathered: dict[int, torch.Tensor] = {}
+        for p in self.module.parameters():
+            if P.is_partitioned(p):
+                self.coordinator.fetch([p])
+                gathered[id(p)] = p.detach().clone()
+                self.coordinator.release(p)
+        # state_dict(keep_vars=True) names every alias of a tied parameter; map them by identity
+        return {key: gathered[id(value)] if id(value) in gathered else value.detach().clone()
+                for key, value in self.module.state_dict(keep_vars=True).items()}
+
+    def load_module_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
+        params = dict(self.module.named_parameters())
+        buffers = dict(self.module.named_buffers())
+        missing = [k for k in list(params) + list(buffers) if k not in state]
+        if strict and missing:
+            raise ConfigError(f"load_module_state_dict: missing keys {missing[:5]}",
+                              hint="load a checkpoint of the same model, or pass load_module_strict=False")
+        with torch.no_grad():
+            for name, p in params.items():
+                if name not in state:
+                    continue
+                value = state[name].to(device=self.context.dist.device)
+                if P.is_partitioned(p):
+                    P.update_shard_from_full(p, value.to(p.ds_state.shard.dtype))
+                else:
+                    p.data.copy_(value.view_as(p.data))
+            for name, b in buffers.items():
+                if name in state:
+                    b.data.copy_(state[name])
+        self._refresh_masters_from_params()
+
+    def _refresh_masters_from_params(self) -> None:
+        with torch.no_grad():
+            for params, slots, master in zip(self.group_params, self.group_slots, self.masters):
+                for p, slot in zip(params, slots):
+                    source = p.data.reshape(-1) if slot.persistent else p.ds_state.shard
+                    view = master[slot.offset:slot.offset + slot.length]
+                    if source.data_ptr() != view.data_ptr():
+                        view.copy_(source)
+
+    # ---- reporting ------------------------------------------------------------------------
+    def destroy(self) -> None:
+        """Remove every hook; the parameters stay partitioned (as DeepSpeed's destroy leaves them)."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        self.coordinator.remove()
+
+    def release_gathered(self) -> None:
+        """Free every gathered parameter (engine.empty_partition_cache)."""
+        self.coordinator.release_all()
+
+    def memory_breakdown(self) -> dict[str, int]:
+        def nbytes(t):
+            return t.numel() * t.element_size()
+        shards = sum(nbytes(p.ds_state.shard) for p in self.module.parameters() if P.is_partitioned(p))
+        whole = sum(nbytes(p.data) for p in self.module.parameters() if not P.is_partitioned(p))
+        masters = 0 if self.aliased else sum(nbytes(m) for m in self.masters)
+        return {"parameters": shards + whole, "gradients": sum(nbytes(g) for g in self.grads),
+                "master_weights": masters, "optimizer_states": self.optimizer_state_bytes()}
+
+    # ---- 16-bit save ----------------------------------------------------------------------
+    def gathered_16bit_state_dict(self) -> dict[str, Any] | None:
+        """For ``engine.save_16bit_model``: the consolidated model-dtype state dict; collective.
+
+        Returns None (on every rank, nothing gathered) unless
+        ``stage3_gather_16bit_weights_on_model_save`` is set: DeepSpeed then saves nothing and
+        returns False, instead of writing a file of empty placeholders.
+        """
+        if not self.context.config.zero_optimization.stage3_gather_16bit_weights_on_model_save:
+            return None
+        return self.module_state_dict()

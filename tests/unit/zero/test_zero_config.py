@@ -1,0 +1,108 @@
+"""Config loading: DeepSpeed keys and defaults, the batch rule, "auto", typed errors."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from launcher.errors import ConfigError as LauncherConfigError
+from launcher.zero.config import load_config, resolve_batch
+from launcher.zero.errors import ConfigError
+
+
+def test_defaults_match_deepspeed_0_19_8():
+    c = load_config({"train_batch_size": 8})
+    assert c.gradient_clipping == 1.0 and c.steps_per_print is None and c.wall_clock_breakdown is False
+    assert c.zero_optimization.stage == 0 and c.zero_optimization.reduce_bucket_size == 500_000_000
+    assert c.zero_optimization.contiguous_gradients is True and c.overlap_comm is False
+    assert c.zero_optimization.stage3_prefetch_bucket_size == 50_000_000
+    assert c.fp16.initial_scale_power == 16 and c.fp16.loss_scale_window == 1000 and c.fp16.hysteresis == 2
+    assert c.fp16.min_loss_scale == 1 and c.fp16.dynamic and c.bf16.check_grad_overflow is True
+    assert load_config({"train_batch_size": 8, "zero_optimization": {"stage": 3}}).overlap_comm is True
+
+
+@pytest.mark.parametrize("given,world_size,expected", [
+    ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}, 4, (32, 4, 2)),
+    ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4}, 4, (32, 4, 2)),
+    ({"train_batch_size": 32, "gradient_accumulation_steps": 2}, 4, (32, 4, 2)),
+    ({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}, 4, (32, 4, 2)),
+    ({"train_batch_size": 32}, 4, (32, 8, 1)),
+    ({"train_micro_batch_size_per_gpu": 4}, 3, (12, 4, 1)),
+    ({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3}, 2, (12, 2, 3)),
+])
+def test_batch_triplet(given, world_size, expected):
+    c = load_config(given, world_size=world_size)
+    assert (c.train_batch_size, c.train_micro_batch_size_per_gpu, c.gradient_accumulation_steps) == expected
+
+
+@pytest.mark.parametrize("given,world_size,match", [
+    ({"train_batch_size": 10, "train_micro_batch_size_per_gpu": 3}, 2, "train_batch_size \\(10\\) is not equal"),
+    ({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}, 4, "not equal"),
+    ({"gradient_accumulation_steps": 2}, 2, "neither train_batch_size"),
+    ({"train_batch_size": "auto"}, 2, "'auto' cannot be resolved for train_batch_size"),
+])
+def test_batch_errors(given, world_size, match):
+    with pytest.raises(ConfigError, match=match) as info:
+        load_config(given, world_size=world_size)
+    assert info.value.hint
+
+
+@pytest.mark.parametrize("given,match,hint", [
+    ({"zero_optimisation": {}}, "unknown config key 'zero_optimisation'", "zero_optimization"),
+    ({"zero_optimization": {"stagee": 1}}, "zero_optimization.stagee", "zero_optimization.stage"),
+    ({"fp16": {"enabled": "yes"}}, "fp16.enabled: expected true or false", None),
+    ({"zero_optimization": {"stage": 4}}, "zero_optimization.stage", "0, 1, 2, 3"),
+    ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "both true", None),
+    ({"zero_optimization": {"offload_param": {"device": "cpu"}}}, "offload_param needs stage 3", None),
+    ({"fp16": {"loss_scale": -1}}, "fp16.loss_scale: must be >= 0", None),
+    ({"fp16": {"min_loss_scale": 0}}, "fp16.min_loss_scale: must be > 0", None),
+    ({"communication_data_type": "fp8"}, "communication_data_type", "fp32"),
+    ({"optimizer": {"type": "Adam", "params": {"max_grad_norm": 1.0}}}, "max_grad_norm", "gradient_clipping"),
+    ({"optimizer": {"type": "Adam", "parms": {}}}, "optimizer.parms", "optimizer.params"),
+    ({"train_batch_size": 2.5}, "whole number", None),
+])
+def test_key_errors_name_the_key(given, match, hint):
+    with pytest.raises(ConfigError, match=match) as info:
+        load_config({"train_batch_size": 8, **given})
+    assert isinstance(info.value, LauncherConfigError)  # the CLI's error boundary maps it to exit 2
+    if hint:
+        assert hint in info.value.hint
+
+
+def test_auto_in_sections_falls_back_to_defaults():
+    c = load_config({"train_batch_size": 8, "gradient_clipping": "auto", "zero_optimization": {"reduce_bucket_size": "auto"},
+                     "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": 0.1}}})
+    assert c.gradient_clipping == 1.0 and c.zero_optimization.reduce_bucket_size == 500_000_000
+    assert c.optimizer.params == {"weight_decay": 0.1}
+
+
+def test_aliases_and_legacy_forms():
+    c = load_config({"train_batch_size": 8, "bfloat16": {"enabled": True},
+                     "zero_optimization": {"stage": 3, "prefetch_bucket_size": 7, "cpu_offload": True}})
+    assert c.bf16.enabled and c.zero_optimization.stage3_prefetch_bucket_size == 7
+    assert c.zero_optimization.offload_optimizer.device == "cpu"
+    assert load_config({"train_batch_size": 8, "zero_optimization": True}).zero_stage == 1
+    assert "flops_profiler" in load_config({"train_batch_size": 8, "flops_profiler": {"enabled": False}}).unsupported
+
+
+def test_json_and_yaml_files(tmp_path):
+    (tmp_path / "c.json").write_text(json.dumps({"train_batch_size": 8, "zero_optimization": {"stage": 2}}))
+    (tmp_path / "c.yaml").write_text("train_micro_batch_size_per_gpu: 2\nzero_optimization:\n  stage: 1\n")
+    assert load_config(str(tmp_path / "c.json"), world_size=2).train_micro_batch_size_per_gpu == 4
+    assert load_config(tmp_path / "c.yaml", world_size=2).zero_stage == 1
+    (tmp_path / "bad.json").write_text('{"train_batch_size": 8,}')
+    with pytest.raises(ConfigError, match="bad.json:1: not valid JSON"):
+        load_config(str(tmp_path / "bad.json"))
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(str(tmp_path / "missing.json"))
+
+
+def test_resolve_batch_is_pure():
+    c = load_config({"train_micro_batch_size_per_gpu": 2})
+    assert c.train_batch_size is None and resolve_batch(c, 3).train_batch_size == 6
+
+
+def test_import_is_torch_free():
+    code = "import sys, launcher.zero.config, launcher.zero; launcher.zero.load_config({'train_batch_size': 2}); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False"
