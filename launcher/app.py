@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import dataclass
 
 from launcher import console
 from launcher.control.machine import read_machine
@@ -17,6 +18,21 @@ from launcher.wire import ControlEndpoint
 _OPTION_FIELDS = set(LaunchOptions.__dataclass_fields__)
 
 
+@dataclass(frozen=True)
+class Mode:
+    """What this invocation does besides planning: dry-run, check, JSON output, tracebacks."""
+
+    dry_run: bool = False
+    check: bool = False
+    as_json: bool = False
+    debug: bool = False
+
+    @classmethod
+    def from_flags(cls, flags: dict) -> "Mode":
+        return cls(dry_run=bool(flags.get("dry_run")), check=bool(flags.get("check")),
+                   as_json=bool(flags.get("as_json")), debug=bool(flags.get("debug")))
+
+
 def options_from_flags(flags: dict) -> LaunchOptions:
     values = {k: v for k, v in flags.items() if k in _OPTION_FIELDS}
     values["script"] = flags.get("script") or ""
@@ -27,11 +43,10 @@ def options_from_flags(flags: dict) -> LaunchOptions:
     return LaunchOptions(**values)
 
 
-def run(flags: dict) -> int:
-    options = options_from_flags(flags)
-    if flags.get("as_json") and not (flags.get("dry_run") or flags.get("check")):
+def run(options: LaunchOptions, mode: Mode) -> int:
+    if mode.as_json and not (mode.dry_run or mode.check):
         raise UsageError("--json goes with --dry-run or --check")
-    if not options.script and not flags.get("check"):
+    if not options.script and not mode.check:
         raise UsageError("missing SCRIPT: what should every rank run?", hint="dslaunch [OPTIONS] train.py [ARGS]")
     machine = read_machine()
     hosts, _path = load_hostfile(options.hostfile)
@@ -42,13 +57,13 @@ def run(flags: dict) -> int:
         _check_script(options, plan)
     if options.config:
         _check_config(options, plan)
-    if flags.get("check"):
+    if mode.check:
         from launcher.control.check import run_check
-        return run_check(plan, hosts, options, as_json=flags.get("as_json", False))
+        return run_check(plan, hosts, options, as_json=mode.as_json)
     runner = get_runner(plan.launcher)
-    if flags.get("dry_run"):
+    if mode.dry_run:
         commands = runner.render(plan, ControlEndpoint())
-        if flags.get("as_json"):
+        if mode.as_json:
             print(json.dumps(plan_to_json(plan, commands), indent=2))
         else:
             print(describe_plan(plan, commands))
@@ -57,7 +72,7 @@ def run(flags: dict) -> int:
         console.say(note)
     # unless --no-preflight, the agents check their nodes before any rank starts (control/controller.py)
     from launcher.control.launch import launch
-    return launch(plan)
+    return launch(plan, machine.environ)
 
 
 def slurm_hosts(environ: dict[str, str], num_gpus: int | None) -> list[Host]:

@@ -14,7 +14,6 @@ from launcher import __version__
 from launcher.errors import EXIT_SIGINT, DslaunchError
 from launcher.planning.plan import LAUNCHERS
 
-_state = {"debug": False}
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
@@ -38,7 +37,7 @@ class BoundaryCommand(click.Command):
         try:
             return super().invoke(ctx)
         except DslaunchError as exc:
-            if _state["debug"] or os.environ.get("DSLAUNCH_DEBUG"):
+            if ctx.params.get("debug") or os.environ.get("DSLAUNCH_DEBUG"):
                 raise
             click.echo(f"dslaunch: {exc.kind}: {exc.message}", err=True)
             if exc.hint:
@@ -96,9 +95,8 @@ def command(**flags):
     dslaunch --hostfile hosts --dry-run train.py
     dslaunch --hostfile hosts --check
     """
-    _state["debug"] = flags["debug"]
-    from launcher.app import run
-    sys.exit(run(flags))
+    from launcher.app import Mode, options_from_flags, run
+    sys.exit(run(options_from_flags(flags), Mode.from_flags(flags)))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from launcher.zero.cpu_adam import CPUAdam  # noqa: E402
+from launcher.zero.optim.cpu_adam import CPUAdam  # noqa: E402
 
 
 def make_params(numel: int, tensors: int, flat: bool):

@@ -75,7 +75,7 @@ def run_ours(args, rank, world_size, device, offload: bool):
               "zero_optimization": zero_cfg, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}
     optimizer = None
     if offload:
-        from launcher.zero.cpu_adam import CPUAdam
+        from launcher.zero.optim.cpu_adam import CPUAdam
         config.pop("optimizer")
         optimizer = lambda params: CPUAdam(params, lr=1e-4, weight_decay=0.01)  # noqa: E731
     torch.manual_seed(0)

@@ -70,8 +70,8 @@ def train(args, kind, rank, world_size):
     import torch.distributed as dist
     from bench_model import GPT
 
-    from launcher.zero.onebit import OnebitAdam
-    from launcher.zero.onebit.comm import allreduce_sent_bytes
+    from launcher.zero.optim.onebit import OnebitAdam
+    from launcher.zero.optim.onebit.comm import allreduce_sent_bytes
 
     config = model_config(args.tiny)
     torch.manual_seed(0)

@@ -19,4 +19,6 @@ PY="$VENV/bin/python"
 # tests/cluster brings up scripts/local-cluster itself (root, sshd, pdsh, mpirun needed)
 # and skips, saying why, where it cannot.
 export PATH="$PWD/$VENV/bin:$PATH"
+START=$SECONDS
+trap 'echo "scripts/test.sh: the suite took $((SECONDS - START)) s"' EXIT
 "$PY" -m pytest "${@:-tests}" -q -rs --durations=15

@@ -6,22 +6,23 @@ mpirun, srun), with the runner's environment when it has one (``runner_env``).
 """
 from __future__ import annotations
 
-import os
-
 from launcher.control.controller import Controller, Started, spawn_runner
 from launcher.control.runners import get_runner
 from launcher.planning.plan import JobPlan
 from launcher.wire import ControlEndpoint
 
 
-def launch(plan: JobPlan) -> int:
-    """Run the job to its end; the exit code is the first failure's (0 when every rank succeeded)."""
+def launch(plan: JobPlan, environ: dict[str, str]) -> int:
+    """Run the job to its end; the exit code is the first failure's (0 when every rank succeeded).
+
+    ``environ`` is this machine's environment as the machine facts read it (once, at start).
+    """
     if plan.launcher == "local":
         from launcher.control.local_job import run_local
 
-        return run_local(plan)
+        return run_local(plan, environ)
     runner = get_runner(plan.launcher)
-    environ = dict(os.environ)
+    environ = dict(environ)
     env = runner.runner_env(plan, environ) if hasattr(runner, "runner_env") else environ
 
     def start(endpoint: ControlEndpoint) -> list[Started]:

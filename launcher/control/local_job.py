@@ -1,7 +1,6 @@
 """Run every rank of a local plan on this machine, supervised in-process (no agent, no ssh)."""
 from __future__ import annotations
 
-import os
 import signal
 
 from launcher import console
@@ -11,10 +10,10 @@ from launcher.node.supervisor import Supervisor
 from launcher.planning.plan import JobPlan
 
 
-def run_local(plan: JobPlan, grace: float = 3.0) -> int:
+def run_local(plan: JobPlan, environ: dict[str, str], grace: float = 3.0) -> int:
     specs = []
     for node in plan.nodes:  # several "nodes" here only when a hostfile names this machine twice
-        specs += rank_specs(node.ranks, plan.master_addr, plan.workdir, dict(os.environ))
+        specs += rank_specs(node.ranks, plan.master_addr, plan.workdir, dict(environ))
     supervisor = Supervisor(specs, on_output=console.print_rank_line, log_dir=plan.log_dir, grace=grace,
                             host=plan.nodes[0].host)
     handlers = _install_signal_handlers(supervisor)

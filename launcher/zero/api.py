@@ -19,7 +19,7 @@ from launcher.zero.monitor import Monitor
 from launcher.zero.optim import build_optimizer, check_zero_support
 from launcher.zero.precision import precision_policy
 from launcher.zero.sched import build_scheduler
-from launcher.zero.strategy import StrategyContext, resolve_strategy
+from launcher.zero.stages.base import StrategyContext, resolve_strategy
 
 
 def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, model_parameters=None,

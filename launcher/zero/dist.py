@@ -42,16 +42,18 @@ class DistContext:
     local_rank: int
     device: torch.device
     backend: str
+    local_world_size: int = 1     # ranks on this node (LOCAL_WORLD_SIZE), for memory advice
 
 
 def context_from_group(group: Any = None, device: torch.device | str | None = None,
-                       local_rank: int = 0) -> DistContext:
+                       local_rank: int = 0, local_world_size: int = 1) -> DistContext:
     """A DistContext over an existing process group (None: the default group)."""
     backend = dist.get_backend(group)
     if device is None:
         device = torch.device("cuda", local_rank) if backend == "nccl" else torch.device("cpu")
     return DistContext(group=group, rank=dist.get_rank(group), world_size=dist.get_world_size(group),
-                       local_rank=local_rank, device=torch.device(device), backend=backend)
+                       local_rank=local_rank, device=torch.device(device), backend=backend,
+                       local_world_size=local_world_size)
 
 
 def _free_port() -> int:
@@ -69,6 +71,7 @@ def init_distributed(backend: str | None = None, env: Mapping[str, str] | None =
     """
     env = os.environ if env is None else env
     local_rank = int(env.get("LOCAL_RANK", "0") or 0)
+    local_world_size = int(env.get("LOCAL_WORLD_SIZE", "1") or 1)
     use_cuda = torch.cuda.is_available() and (backend in (None, "nccl"))
     if use_cuda:
         torch.cuda.set_device(local_rank % max(1, torch.cuda.device_count()))
@@ -77,7 +80,7 @@ def init_distributed(backend: str | None = None, env: Mapping[str, str] | None =
         # the script started the group itself; still end it before interpreter finalization,
         # where gloo's threads dying with the group abort the process ("terminate called ...")
         _destroy_at_exit()
-        return context_from_group(None, device=device, local_rank=local_rank)
+        return context_from_group(None, device=device, local_rank=local_rank, local_world_size=local_world_size)
     backend = backend or ("nccl" if use_cuda else "gloo")
     timeout = timedelta(seconds=timeout_s)
     if "RANK" in env and "WORLD_SIZE" in env:
@@ -97,7 +100,7 @@ def init_distributed(backend: str | None = None, env: Mapping[str, str] | None =
     dist.init_process_group(backend=backend, init_method=init_method, rank=rank, world_size=world_size,
                             timeout=timeout)
     _destroy_at_exit()  # we started it, so we end it (NCCL warns about leaked groups otherwise)
-    return context_from_group(None, device=device, local_rank=local_rank)
+    return context_from_group(None, device=device, local_rank=local_rank, local_world_size=local_world_size)
 
 
 _DESTROY_REGISTERED = []

@@ -23,7 +23,7 @@ from launcher.zero.loss_scaler import LossScaler
 from launcher.zero.monitor import Monitor, PhaseTimer
 from launcher.zero.plain_backward import BackwardHooks
 from launcher.zero.precision import PrecisionPolicy
-from launcher.zero.strategy import ZeroStrategy
+from launcher.zero.stages.base import ZeroStrategy
 
 
 @dataclass
@@ -162,7 +162,7 @@ class ZeroEngine(EngineAccessors):
             from launcher.zero.estimate import out_of_memory_note
             try:
                 note = out_of_memory_note(self.module, self.config, self.dist.world_size,
-                                          int(os.environ.get("LOCAL_WORLD_SIZE", "1")), self.dist.device)
+                                          self.dist.local_world_size, self.dist.device)
             except Exception as failure:  # the note must never hide the real error
                 note = f"(no memory estimate: {failure})"
             raise type(error)(f"{error}\n[zero] {note}") from error
@@ -235,14 +235,14 @@ class ZeroEngine(EngineAccessors):
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
                         exclude_frozen_parameters: bool = False) -> bool:
         """Collective: every rank writes its shard; returns once the checkpoint is complete."""
-        from launcher.zero.ckpt import save_checkpoint
+        from launcher.zero.checkpoint.save_load import save_checkpoint
 
         return save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {}, save_latest=save_latest)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True, load_optimizer_states: bool = True,
                         load_lr_scheduler_states: bool = True, load_module_only: bool = False, custom_load_fn=None):
         """Restore a checkpoint (any world size); returns (path, client_state) or (None, None)."""
-        from launcher.zero.ckpt import load_checkpoint
+        from launcher.zero.checkpoint.save_load import load_checkpoint
 
         return load_checkpoint(self, load_dir, tag=tag, load_module_strict=load_module_strict,
                                load_optimizer_states=load_optimizer_states,

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.nn.modules import module as torch_module
 
 from launcher.zero.errors import ConfigError
-from launcher.zero.stage3 import params as P
+from launcher.zero.stages.stage3 import params as P
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 

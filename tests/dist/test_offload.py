@@ -15,7 +15,7 @@ import test_stage3 as s3  # noqa: E402
 
 def case(rank, world_size, stage, offload_param=False, client_cpu_adam=False, gas=2, clip=0.05):
     from launcher import zero
-    from launcher.zero.cpu_adam import CPUAdam
+    from launcher.zero.optim.cpu_adam import CPUAdam
     model = s3.make_model()
     cfg = s3.config(gas, clip, 64, stage=stage)
     zero_cfg = cfg["zero_optimization"]

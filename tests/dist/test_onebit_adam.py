@@ -51,8 +51,8 @@ def worker(out_dir, backend):
     import torch.distributed as dist
 
     import launcher.zero.dist  # noqa: F401  before the group exists, so it really ends at exit (see dist.py)
-    from launcher.zero.onebit import OnebitAdam
-    from launcher.zero.onebit.comm import Collectives
+    from launcher.zero.optim.onebit import OnebitAdam
+    from launcher.zero.optim.onebit.comm import Collectives
 
     dist.init_process_group(backend)
     rank = dist.get_rank()
@@ -136,7 +136,7 @@ def ranks(request, tmp_path_factory):
 
 def replay():
     """Both ranks in one process: the algorithm as the module docstring of adam.py states it."""
-    from launcher.zero.onebit.compression import padded_numel, simulate_compressed_allreduce
+    from launcher.zero.optim.onebit.compression import padded_numel, simulate_compressed_allreduce
 
     model = make_model()
     params = list(model.parameters())
@@ -173,7 +173,7 @@ def replay():
 
 
 def test_collective_equals_one_process_simulation(ranks):
-    from launcher.zero.onebit.compression import simulate_compressed_allreduce
+    from launcher.zero.optim.onebit.compression import simulate_compressed_allreduce
 
     inputs = []
     for rank in range(WORLD_SIZE):

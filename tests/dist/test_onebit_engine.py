@@ -34,7 +34,7 @@ def worker(out_dir):
     import torch.distributed as dist
 
     from launcher import zero
-    from launcher.zero.onebit import OnebitAdam
+    from launcher.zero.optim.onebit import OnebitAdam
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

@@ -43,7 +43,7 @@ def test_checkpoint_round_trips(tmp_path):
 
     out = tmp_path / "model.pt"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "launcher.zero.consolidate", str(reshard), str(out)]
+    command = [sys.executable, "-m", "launcher.zero.checkpoint.consolidate", str(reshard), str(out)]
     done = subprocess.run(command + ["--tag", "global_step6"], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
     assert [t.flatten().tolist() for t in torch.load(out).values()] == reference

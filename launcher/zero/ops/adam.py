@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from launcher.zero.cpu_adam import CPUAdam
+from launcher.zero.optim.cpu_adam import CPUAdam
 
 
 def FusedAdam(params, lr: float = 1e-3, bias_correction: bool = True, betas=(0.9, 0.999), eps: float = 1e-8,  # noqa: N802

@@ -30,7 +30,7 @@ def build_optimizer(spec, params, process_group=None, offload: bool = False) -> 
             kwargs.setdefault(key, value)
     try:
         if name in ("adam", "adamw") and offload and not kwargs.get("torch_adam", False):
-            from launcher.zero.cpu_adam import CPUAdam
+            from launcher.zero.optim.cpu_adam import CPUAdam
 
             adamw_mode = name == "adamw" or kwargs.pop("adam_w_mode", True)
             bias_correction = kwargs.pop("bias_correction", True)
@@ -59,7 +59,7 @@ def build_optimizer(spec, params, process_group=None, offload: bool = False) -> 
         if name == "adagrad":
             return torch.optim.Adagrad(params, **kwargs)
         if name in ("onebitadam",):
-            module = importlib.import_module("launcher.zero.onebit")
+            module = importlib.import_module("launcher.zero.optim.onebit")
             return module.OnebitAdam(params, process_group=process_group, **kwargs)
         if name in ("lion", "muon", "onebitlamb", "zerooneadam"):
             raise ConfigError(f"optimizer.type: '{spec.type}' is not available in this engine",
