@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from launcher.zero.optim.cpu_adam import CPUAdam
+from launcher.zero.optim.factory import all_on_cuda, materialize_params
 
 
 def FusedAdam(params, lr: float = 1e-3, bias_correction: bool = True, betas=(0.9, 0.999), eps: float = 1e-8,  # noqa: N802
@@ -11,12 +12,10 @@ def FusedAdam(params, lr: float = 1e-3, bias_correction: bool = True, betas=(0.9
     """torch's AdamW (``adam_w_mode``, the default) or Adam, fused on the GPU, DeepSpeed's defaults."""
     if not bias_correction:
         raise ValueError("FusedAdam: bias_correction=False is not supported")
-    params = list(params)
-    on_cuda = all(t.is_cuda for item in params for t in (item["params"] if isinstance(item, dict) else [item])
-                  if torch.is_tensor(t))
+    params = materialize_params(params)
     cls = torch.optim.AdamW if adam_w_mode else torch.optim.Adam
     return cls(params, lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
-               fused=(on_cuda and torch.cuda.is_available()) or None)
+               fused=all_on_cuda(params) or None)
 
 
 class DeepSpeedCPUAdam(CPUAdam):

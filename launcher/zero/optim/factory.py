@@ -45,10 +45,10 @@ def build_optimizer(spec, params, process_group=None, offload: bool = False) -> 
             fused = kwargs.pop("fused", None)
             for key in _ADAM_ONLY_KEYS:
                 kwargs.pop(key, None)
-            params = _materialize(params)
+            params = materialize_params(params)
             # one fused kernel over all tensors on the GPU (the foreach path makes several passes)
             if fused is None:
-                fused = _all_on_cuda(params)
+                fused = all_on_cuda(params)
             # DeepSpeed: "Adam" means decoupled weight decay unless adam_w_mode is false
             cls = torch.optim.AdamW if (name == "adamw" or adam_w_mode) else torch.optim.Adam
             return cls(params, fused=bool(fused) or None, **kwargs)
@@ -74,7 +74,7 @@ def build_optimizer(spec, params, process_group=None, offload: bool = False) -> 
                           hint=f"check the constructor arguments of {spec.type}") from None
 
 
-def _materialize(params) -> list:
+def materialize_params(params) -> list:
     """Params as a list (of tensors, or of group dicts with list 'params'): safe to read twice."""
     items = [params] if torch.is_tensor(params) else list(params)
     result = []
@@ -86,7 +86,7 @@ def _materialize(params) -> list:
     return result
 
 
-def _all_on_cuda(params: list) -> bool:
+def all_on_cuda(params: list) -> bool:
     tensors = [t for item in params for t in (item["params"] if isinstance(item, dict) else [item])]
     return bool(tensors) and all(torch.is_tensor(t) and t.is_cuda for t in tensors)
 
