@@ -19,6 +19,7 @@ import torch
 from launcher.zero.config_schema import ZeroConfig
 from launcher.zero.dist import DistContext
 from launcher.zero.engine_api import EngineAccessors
+from launcher.zero.errors import ConfigError
 from launcher.zero.loss_scaler import LossScaler
 from launcher.zero.monitor import Monitor, PhaseTimer
 from launcher.zero.plain_backward import BackwardHooks
@@ -69,7 +70,7 @@ class ZeroEngine(EngineAccessors):
         sync = torch.cuda.synchronize if self.dist.device.type == "cuda" else None
         self.timers = PhaseTimer(self.config.wall_clock_breakdown, sync)
         self._backward_hooks = BackwardHooks(self.strategy.stage, self._loss_factor,
-                                             self._plain_backward_prologue, self.strategy.post_backward)
+                                             self._backward_prologue, self.strategy.post_backward)
 
     # ---- module pass-throughs -------------------------------------------------------------
     def train(self, mode: bool = True):
@@ -120,8 +121,7 @@ class ZeroEngine(EngineAccessors):
         if scale_wrt_gas and self.gradient_accumulation_steps() > 1:
             loss = loss / self.gradient_accumulation_steps()
         scaled = loss * self.loss_scaler.scale if self.loss_scaler is not None else loss
-        boundary = self.is_gradient_accumulation_boundary()
-        self.strategy.pre_backward(boundary)
+        boundary = self._backward_prologue()
         self._backward_hooks.inside_engine_backward = True
         try:
             scaled.backward(retain_graph=retain_graph)
@@ -136,7 +136,8 @@ class ZeroEngine(EngineAccessors):
         factor = 1.0 / self.gradient_accumulation_steps()
         return factor * self.loss_scaler.scale if self.loss_scaler is not None else factor
 
-    def _plain_backward_prologue(self) -> bool:
+    def _backward_prologue(self) -> bool:
+        """The strategy's pre_backward for this micro-step (from engine.backward or a plain backward)."""
         boundary = self.is_gradient_accumulation_boundary()
         self.strategy.pre_backward(boundary)
         return boundary
@@ -273,8 +274,6 @@ class ZeroEngine(EngineAccessors):
         from launcher.zero.data import build_dataloader
 
         if data_sampler is not None or (batch_size not in (None, self.train_micro_batch_size_per_gpu())):
-            from launcher.zero.errors import ConfigError
-
             raise ConfigError("deepspeed_io: a custom data_sampler or batch_size is not supported",
                               hint="build your own torch DataLoader, or leave both out")
         return build_dataloader(dataset, self.config, self.dist, collate_fn)

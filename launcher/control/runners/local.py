@@ -9,5 +9,3 @@ def render(plan: JobPlan, endpoint: ControlEndpoint | None = None) -> list[list[
     """Local ranks are started directly: the node command is empty, the ranks' argv is exact."""
     return [[] for _ in plan.nodes]
 
-
-LABEL = "local"
