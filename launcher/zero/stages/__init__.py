@@ -1,2 +1,4 @@
-"""The ZeRO stages: the strategy protocol and registry (base.py), stages 0-2 over whole parameters
-(whole_params.py, partitioned_masters.py, stage0-2.py), optimizer offload (offload.py), stage 3."""
+"""The ZeRO stages: the strategy protocol and registry (base.py); stages 0-2 as one strategy
+composed of a partitioning (partitioning.py), a gradient reduction (reduction.py, stage0-2.py)
+and an optimizer placement (placement.py), run by whole_params.py; offload.py names the
+offloaded combinations; stage 3 in stage3/."""

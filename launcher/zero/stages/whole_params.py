@@ -1,21 +1,48 @@
-"""What stages 0-2 share: parameters flattened per optimizer group, grad hooks, a bucket queue."""
+"""Stages 0, 1 and 2: one strategy composed of three policies.
+
+The model parameters stay whole on every rank, flattened into one buffer per optimizer group,
+with gradient hooks feeding a bucket queue. What differs between the stages is three choices:
+
+* a *partitioning* (partitioning.py): which flat range of each group this rank's master covers:
+  all of it (stage 0), or its partition, all-gathered after the step (stages 1 and 2);
+* a *gradient reduction* (stage0.py, stage1.py, stage2.py): how gradients accumulate and reach
+  that range: all-reduce at the boundary; reduce to the owners at the boundary; reduce to the
+  owners on every micro-step, keeping no whole gradients;
+* an *optimizer placement* (placement.py): masters on the device, or in host memory (offload).
+
+Each stage module names one combination; ``WholeParamsStrategy`` runs it.
+"""
 from __future__ import annotations
+
+from typing import ClassVar
 
 import torch
 
-from launcher.zero.stages.buckets import BucketQueue, plan_all_buckets, register_grad_hooks
-from launcher.zero.collectives import broadcast_module_from_first, gradient_scales, wait
+from launcher.zero.collectives import broadcast_module_from_first, gradient_scales, reduce_async, wait
 from launcher.zero.errors import ConfigError
 from launcher.zero.layout.flat import ParamGroup, collect_groups, flatten_into_buffer
 from launcher.zero.stages.base import Fragment, ZeroStrategy
+from launcher.zero.stages.buckets import BucketQueue, plan_all_buckets, register_grad_hooks
+from launcher.zero.stages.placement import OnDevice
 
 
-class FlatStrategy(ZeroStrategy):
-    """Base for stages whose model parameters stay whole on every rank (0, 1, 2).
+class WholeParamsStrategy(ZeroStrategy):
+    """A stage 0-2 strategy; subclasses only name their three policies."""
 
-    Subclasses implement ``build_masters`` (one master tensor per group), ``on_grad`` (a
-    parameter's gradient is final) and ``launch`` (send bucket k).
-    """
+    partitioning_policy: ClassVar[type]
+    reduction_policy: ClassVar[type]
+    placement_policy: ClassVar[type] = OnDevice
+
+    def __init__(self, context):
+        super().__init__(context)
+        self.partitioning = self.partitioning_policy(context)
+        self.reduction = self.reduction_policy()
+        self.placement = self.placement_policy(context)
+
+    @property
+    def partitioned_grads(self) -> bool:
+        """Norms need a sum over ranks: sharded masters, or local grads (the optimizer communicates)."""
+        return self.partitioning.sharded or not self.context.reduce_gradients
 
     def setup(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         if any(optimizer.state.values()):
@@ -24,63 +51,60 @@ class FlatStrategy(ZeroStrategy):
         ctx = self.context
         self.module, self.optimizer = module, optimizer
         broadcast_module_from_first(module, ctx.dist)
-        self.groups: list[ParamGroup] = collect_groups(module, optimizer, self.partition_count())
+        self.groups: list[ParamGroup] = collect_groups(module, optimizer, self.partitioning.count())
         self.param_buffers = [flatten_into_buffer(group, ctx.dist.device, ctx.precision.param_dtype)
                               for group in self.groups]
-        self.masters: list[torch.Tensor] = [self.build_master(group) for group in self.groups]
+        self.masters = [self._build_master(group, buffer) for group, buffer in zip(self.groups, self.param_buffers)]
         for group, master in zip(self.groups, self.masters):
             optimizer.param_groups[group.index]["params"] = [master]
         order = {name: index for index, (name, _) in enumerate(module.named_parameters())}
-        bucket_numel = int(ctx.config.zero_optimization.reduce_bucket_size)
-        self.plan = plan_all_buckets(self.groups, bucket_numel, order)
+        self.plan = plan_all_buckets(self.groups, int(ctx.config.zero_optimization.reduce_bucket_size), order)
         members = [[(g, slot) for slot in range(b.first, b.last)] for g, b in self.plan]
-        self.queue = BucketQueue(members, self.launch)
+        self.queue = BucketQueue(members, self.reduction.launch)
         self.pre_scale, self.post_scale = gradient_scales(ctx.config, ctx.dist.world_size)
         self.pending: list = []
         self.hooks = []
         for group in self.groups:
-            self.hooks += register_grad_hooks(group.params, lambda i, g=group.index: self.on_grad(g, i))
-        self.after_setup()
+            self.hooks += register_grad_hooks(group.params, lambda i, g=group.index: self.reduction.on_grad(g, i))
+        self.reduction.bind(self)
 
-    # ---- subclass points -----------------------------------------------------------------
-    def partition_count(self) -> int:
-        return self.context.dist.world_size
+    def _build_master(self, group: ParamGroup, buffer: torch.Tensor) -> torch.Tensor:
+        low, high = self.partitioning.bounds(group)
+        master, self.aliased = self.placement.build(buffer[low:high], self.partitioning.may_alias())
+        return master
 
-    def build_master(self, group: ParamGroup) -> torch.Tensor:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def after_setup(self) -> None:
-        pass
-
-    def on_grad(self, group_index: int, slot: int) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def launch(self, bucket_index: int) -> None:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    # ---- shared behaviour ----------------------------------------------------------------
-    def attach_grad_buffers(self, arm: bool) -> None:
-        """Stages that keep whole gradients (0, 1): point grads at the buffers; arm the buckets."""
-        for grads in self.grad_buffers:
-            grads.attach()
-        if arm:
-            self.queue.arm()
-
-    def absorb_grad(self, group_index: int, slot: int) -> None:
-        """A parameter's gradient is ready: take it into its buffer and mark its bucket."""
-        self.grad_buffers[self.group_position(group_index)].absorb(slot)
-        self.queue.mark((group_index, slot))
-
+    # ---- backward ------------------------------------------------------------------------
     @property
     def communicates(self) -> bool:
         return self.context.reduce_gradients and self.context.dist.world_size > 1
 
-    def group_position(self, group_index: int) -> int:
-        """Position in self.groups of the optimizer group ``group_index``."""
-        for position, group in enumerate(self.groups):
-            if group.index == group_index:
-                return position
-        raise KeyError(group_index)
+    def pre_backward(self, is_boundary: bool) -> None:
+        self.reduction.pre_backward(is_boundary)
+
+    def post_backward(self, is_boundary: bool) -> None:
+        self.queue.flush()
+        self.finish_pending()
+
+    def reduce_to_owners(self, group: ParamGroup, source: torch.Tensor, start: int, accumulate) -> None:
+        """Reduce ``source`` (flat range starting at ``start``) piecewise to each piece's owner.
+
+        ``accumulate(offset_in_partition, reduced_piece)`` runs on the owner once the reduction
+        is complete (in ``finish_pending``), after the post-scale.
+        """
+        rank = self.context.dist.rank
+        low, _ = self.partitioning.bounds(group)
+        for piece in group.layout.split_by_owner(start, start + source.numel()):
+            work = source[piece.flat_start - start:piece.flat_end - start]
+            handle = reduce_async(work, piece.rank, self.context.dist)
+            if piece.rank != rank:
+                self.pending.append((handle, lambda: None))
+                continue
+
+            def done(work=work, offset=piece.flat_start - low):
+                if self.post_scale != 1.0:
+                    work.mul_(self.post_scale)
+                accumulate(offset, work)
+            self.pending.append((handle, done))
 
     def finish_pending(self) -> None:
         """Wait for in-flight collectives and run their completion callbacks in launch order."""
@@ -89,20 +113,49 @@ class FlatStrategy(ZeroStrategy):
         for _, done in pending:
             done()
 
+    def group_position(self, group_index: int) -> int:
+        """Position in self.groups of the optimizer group ``group_index``."""
+        for position, group in enumerate(self.groups):
+            if group.index == group_index:
+                return position
+        raise KeyError(group_index)
+
+    # ---- the step ------------------------------------------------------------------------
+    def prepare_master_grads(self) -> None:
+        self.placement.give_grads(self.masters, [self.reduction.owned(p) for p in range(len(self.groups))])
+
     def master_tensors(self) -> list[torch.Tensor]:
         return list(self.masters)
 
-    def frozen_param_bytes(self) -> int:
-        trainable = {id(p) for group in self.groups for p in group.params}
-        return sum(p.numel() * p.element_size() for p in self.module.parameters() if id(p) not in trainable)
+    def after_optimizer_step(self) -> None:
+        with torch.no_grad():
+            for group, buffer, master in zip(self.groups, self.param_buffers, self.masters):
+                low, high = self.partitioning.bounds(group)
+                if not self.aliased:
+                    buffer[low:high].copy_(master)
+                self.partitioning.gather(buffer, low, high)
 
-    def fragments_for(self, group: ParamGroup, master: torch.Tensor, low: int, high: int) -> list[Fragment]:
-        """Fragments of ``group``'s parameters inside the flat range [low, high) held by ``master``."""
+    def zero_grad(self) -> None:
+        self.reduction.zero()
+        self.placement.clear_grads(self.masters)
+
+    # ---- checkpoints and reporting -------------------------------------------------------
+    def fragments(self) -> list[Fragment]:
         found = []
-        for slot in group.layout.slots:
-            start, end = max(low, slot.offset), min(high, slot.end)
-            if start < end:
-                found.append(Fragment(name=slot.name, group=group.index, master=master,
-                                      master_offset=start - low, param_start=start - slot.offset,
-                                      numel=end - start, shape=slot.shape))
+        for group, master in zip(self.groups, self.masters):
+            low, high = self.partitioning.bounds(group)
+            for slot in group.layout.slots:
+                start, end = max(low, slot.offset), min(high, slot.end)
+                if start < end:
+                    found.append(Fragment(name=slot.name, group=group.index, master=master,
+                                          master_offset=start - low, param_start=start - slot.offset,
+                                          numel=end - start, shape=slot.shape))
         return found
+
+    def memory_breakdown(self) -> dict[str, int]:
+        trainable = {id(p) for group in self.groups for p in group.params}
+        frozen = sum(p.numel() * p.element_size() for p in self.module.parameters() if id(p) not in trainable)
+        params = sum(b.numel() * b.element_size() for b in self.param_buffers) + frozen
+        masters = 0 if self.aliased else sum(m.numel() * m.element_size() for m in self.masters)
+        return {"parameters": params, "gradients": self.reduction.nbytes(), "master_weights": masters,
+                "optimizer_states": self.optimizer_state_bytes()}
