@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from dataclasses import dataclass
 
 from launcher import console

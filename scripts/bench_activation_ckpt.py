@@ -32,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]
 
 import torch  # noqa: E402
-from bench_model import GPT, TINY, GPTConfig  # noqa: E402
+from tests.helpers.gpt import GPT, TINY, GPTConfig  # noqa: E402
 
 from launcher.zero import checkpointing  # noqa: E402
 
@@ -46,7 +46,7 @@ def parse_args(argv=None):
     p.add_argument("--n-head", type=int, default=GPTConfig.n_head)
     p.add_argument("--seq-len", type=int, default=GPTConfig.seq_len)
     p.add_argument("--vocab-size", type=int, default=GPTConfig.vocab_size)
-    p.add_argument("--tiny", action="store_true", help="bench_model.TINY, for CPU smoke runs")
+    p.add_argument("--tiny", action="store_true", help="tests/helpers/gpt.py's TINY, for CPU smoke runs")
     p.add_argument("--dtype", choices=("bf16", "fp32"), default=None, help="autocast dtype (default bf16 on CUDA)")
     p.add_argument("--cpu-checkpointing", action="store_true", help="also offload checkpoints to CPU")
     p.add_argument("--loss-chunks", type=int, default=8,

@@ -187,8 +187,8 @@ def main_parent(args, argv: list[str]) -> int:
 def main_worker(args) -> int:
     import torch
 
-    sys.path.insert(0, HERE)
-    from bench_model import GPT, GPTConfig, flops_per_token
+    sys.path[:0] = [HERE, REPO]
+    from tests.helpers.gpt import GPT, GPTConfig, flops_per_token
     from bench_variants import VARIANTS, Settings, Unavailable
 
     name = args.worker

@@ -41,7 +41,7 @@ def parse_args(argv=None):
 
 
 def model_config(tiny):
-    from bench_model import GPTConfig
+    from tests.helpers.gpt import GPTConfig
 
     if tiny:
         return GPTConfig(n_layer=1, n_embd=32, n_head=2, seq_len=32, vocab_size=64)
@@ -68,7 +68,7 @@ def train(args, kind, rank, world_size):
     """Train one model with `kind` ('adam', 'onebit' or 'uncompressed'); returns held-out loss and bytes."""
     import torch
     import torch.distributed as dist
-    from bench_model import GPT
+    from tests.helpers.gpt import GPT
 
     from launcher.zero.optim.onebit import OnebitAdam
     from launcher.zero.optim.onebit.comm import allreduce_sent_bytes

@@ -6,7 +6,6 @@ never by a name pattern, so other jobs on the same host are never touched.
 from __future__ import annotations
 
 import ctypes
-import os
 import signal
 import subprocess
 import threading

@@ -92,7 +92,7 @@ def build_config(raw: dict) -> ZeroConfig:
 def _build_section(cls: type, raw: Any, prefix: str) -> dict:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {_show(raw)}",
-                          hint=f'write it as {{"key": value}}')
+                          hint='write it as {"key": value}')
     fields = {f.name: f for f in dataclasses.fields(cls) if f.metadata.get("kind") != "internal"}
     aliases = {alias: f.name for f in fields.values() for alias in f.metadata.get("aliases", ())}
     values: dict[str, Any] = {}

@@ -292,8 +292,6 @@ class ZeroEngine(EngineAccessors):
 
     def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin", exclude_frozen_parameters: bool = False) -> bool:
         """The module's state dict in its training dtype, written by rank 0."""
-        import os
-
         gather = getattr(self.strategy, "gathered_16bit_state_dict", None)
         state = gather() if gather is not None else self.strategy.module_state_dict()
         if state is None:  # stage 3 without stage3_gather_16bit_weights_on_model_save, as DeepSpeed

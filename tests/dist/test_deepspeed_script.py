@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.dist.world import check, run_world
+from tests.helpers.world import check, run_world
 
 SCRIPT = Path(__file__).parent / "workers" / "cifar_style.py"
 RULES = [(re.compile(r"^(\s*)import deepspeed(\.[\w.]+)?\s*$", re.M), r"\1from launcher import zero as deepspeed"),

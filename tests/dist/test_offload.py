@@ -1,16 +1,12 @@
 """ZeRO-Offload on 2 gloo ranks: masters and optimizer state on the host, parity with AdamW.
 
-Runs this file as a script (tests/dist/world.py); cases reuse test_stage3's model, data and
+Runs this file as a script (tests/helpers/world.py); cases reuse test_stage3's model, data and
 single-process reference.
 """
 import json
 import os
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import test_stage3 as s3  # noqa: E402
+from tests.helpers import stage3_model as s3  # noqa: E402
 
 
 def case(rank, world_size, stage, offload_param=False, client_cpu_adam=False, gas=2, clip=0.05):
@@ -56,7 +52,7 @@ def main():
 
 
 def test_optimizer_and_param_offload_match_single_process_adamw():
-    from world import check, run_world
+    from tests.helpers.world import check, run_world
     results = check(run_world(__file__, 2, timeout=240))
     for result in results:
         records = result.records()

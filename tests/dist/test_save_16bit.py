@@ -1,10 +1,7 @@
 """engine.save_16bit_model: full weights at every stage; at stage 3 only when asked to gather."""
 import json
 import os
-import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def main():
@@ -39,7 +36,7 @@ def main():
 
 
 def test_save_16bit_model(tmp_path):
-    from world import check, run_world
+    from tests.helpers.world import check, run_world
     record = check(run_world(__file__, 2, env={"SAVE_DIR": str(tmp_path)}))[0].records()[0]
     assert record["2-False"]["saved"] and record["2-False"]["shapes_ok"]
     assert record["3-False"] == {"saved": False, "exists": False}  # DeepSpeed's behaviour without the flag

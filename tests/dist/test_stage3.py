@@ -1,66 +1,16 @@
 """ZeRO-3 on real gloo ranks: parity with single-process AdamW, memory, gathering, 16-bit save.
 
-The test runs this file as a script on 2 and 3 ranks (tests/dist/world.py); each rank prints
+The test runs this file as a script on 2 and 3 ranks (tests/helpers/world.py); each rank prints
 ``RESULT {json}`` lines that the test functions below check.
 """
 import json
 import os
 import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from workers import parity_worker  # noqa: E402
-from workers.parity_worker import MBS, data, groups  # noqa: E402
-
-STEPS = 4
-LR = 0.02
-
-
-def make_model(seed=0, hidden=64):
-    import torch
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(7, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, hidden),
-                               torch.nn.Tanh(), torch.nn.Linear(hidden, 3))
-
-
-def reference(world_size, gas, clip, steps):
-    return parity_worker.reference(world_size, gas, clip, steps, make=make_model, lr=LR)
-
-
-def config(gas=1, clip=0.0, bucket=500_000_000, threshold=100, stage=3, **zero):
-    return {"train_micro_batch_size_per_gpu": MBS, "gradient_accumulation_steps": gas, "gradient_clipping": clip,
-            "zero_optimization": {"stage": stage, "reduce_bucket_size": bucket, "overlap_comm": bucket % 2 == 0,
-                                  "stage3_param_persistence_threshold": threshold, **zero},
-            "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": [0.9, 0.99], "eps": 1e-8}}}
-
-
-def train(engine, rank, world_size, gas, steps=STEPS):
-    import torch
-    x, y = data(world_size, gas, steps)
-    for step in range(steps):
-        for micro in range(gas):
-            start = ((step * gas + micro) * world_size + rank) * MBS
-            loss = torch.nn.functional.mse_loss(engine(x[start:start + MBS]), y[start:start + MBS])
-            engine.backward(loss)
-            engine.step()
-
-
-def full_params(engine):
-    """Every parameter gathered (collective), as plain tensors in named order."""
-    from launcher import zero
-    out = {}
-    for name, p in engine.module.named_parameters():
-        with zero.GatheredParameters([p]):
-            out[name] = p.detach().clone()
-    return out
-
-
-def max_error(engine, ref):
-    full = full_params(engine)
-    return max((full[n] - p).abs().max().item() for n, p in ref.named_parameters())
+from tests.helpers.stage3_model import (LR, MBS, STEPS, config, data, full_params, groups,  # noqa: F401
+                                        make_model, max_error, reference, train)
 
 
 def case_parity(rank, world_size, gas, clip, bucket, **zero_keys):
@@ -167,7 +117,7 @@ def main():
 # ---- the pytest side ----------------------------------------------------------------------
 @pytest.fixture(scope="module", params=[1, 2, 3])
 def world(request, tmp_path_factory):
-    from world import check, run_world
+    from tests.helpers.world import check, run_world
     results = check(run_world(__file__, request.param, str(tmp_path_factory.mktemp("s3")), timeout=240))
     return request.param, [r.records() for r in results]
 

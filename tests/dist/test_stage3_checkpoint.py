@@ -7,11 +7,8 @@ process with torch.optim.AdamW.
 import json
 import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import test_stage3 as s3  # noqa: E402
+from tests.helpers import stage3_model as s3  # noqa: E402
 
 GAS, CLIP = 2, 0.05
 SAVED_AT = 2
@@ -77,7 +74,7 @@ def main():
 
 
 def test_stage3_checkpoint_saved_on_2_ranks_resumes_on_3(tmp_path):
-    from world import check, run_world
+    from tests.helpers.world import check, run_world
     ckpt = str(tmp_path / "ckpt")
     saved = [r.records()[0] for r in check(run_world(__file__, 2, "save", ckpt, timeout=180))]
     assert (tmp_path / "ckpt" / "latest").read_text().strip() == "global_step2"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from tests.dist.world import REPO, check, run_world
+from tests.helpers.world import REPO, check, run_world
 
 WORKER = Path(__file__).parent / "workers" / "ckpt_worker.py"
 

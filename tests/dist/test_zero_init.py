@@ -6,12 +6,9 @@ serve every allocation above 64 KiB with mmap so that freed layers leave the res
 once. The same model built without Init is the control that shows the counter can fail.
 """
 import json
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 LAYERS, WIDTH = 16, 1024
 
@@ -65,7 +62,7 @@ def main():
                                   "same_values": bool(same)}), flush=True)
 
     # the Init-built model trains at stage 3 like the plain one (parity with single-process AdamW)
-    import test_stage3 as s3
+    from tests.helpers import stage3_model as s3
     with zero.Init():
         small = s3.make_model()
     engine, _, _, _ = zero.initialize(model=small, model_parameters=s3.groups(small), config=s3.config(2, 0.05, 64))
@@ -76,7 +73,7 @@ def main():
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc peak-RSS reset")
 def test_model_built_under_init_never_holds_its_full_size():
-    from world import check, run_world
+    from tests.helpers.world import check, run_world
     results = check(run_world(__file__, 2, timeout=240, env={"MALLOC_MMAP_THRESHOLD_": "65536"}))
     for result in results:
         built, trained = result.records()

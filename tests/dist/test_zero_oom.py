@@ -1,9 +1,5 @@
 """An out-of-memory error inside the engine comes back with the memory estimate."""
 import json
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 OUT_OF_MEMORY = "CUDA out of memory. Tried to allocate 20.00 GiB"
 
@@ -30,7 +26,7 @@ def main():
 
 
 def test_out_of_memory_is_reraised_with_the_estimate():
-    from world import check, run_world
+    from tests.helpers.world import check, run_world
     record = check(run_world(__file__, 1))[0].records()[0]
     assert record["type"] == "OutOfMemoryError"
     assert OUT_OF_MEMORY in record["message"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.dist.world import check, run_world
+from tests.helpers.world import check, run_world
 
 WORKER = Path(__file__).parent / "workers" / "parity_worker.py"
 

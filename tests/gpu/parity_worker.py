@@ -23,10 +23,9 @@ import torch
 import torch.distributed as dist
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "scripts"))
-sys.path.insert(0, REPO)
+sys.path.insert(0, REPO)   # run as a script: python tests/gpu/parity_worker.py
 
-from bench_model import GPT, GPTConfig  # noqa: E402
+from tests.helpers.gpt import GPT, GPTConfig  # noqa: E402
 
 MODEL = GPTConfig(n_layer=2, n_embd=128, n_head=4, seq_len=128, vocab_size=512)
 BATCH, STEPS, LR, WEIGHT_DECAY, BETAS, EPS, CLIP = 4, 6, 1e-3, 0.1, (0.9, 0.95), 1e-8, 1.0

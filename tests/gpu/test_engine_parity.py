@@ -14,8 +14,7 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "parity_worker.py")
-sys.path.insert(0, os.path.dirname(WORKER))
-from parity_worker import ALL_CASES  # noqa: E402
+from tests.gpu.parity_worker import ALL_CASES  # noqa: E402
 
 
 @pytest.fixture(scope="module")

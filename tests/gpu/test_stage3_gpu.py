@@ -4,20 +4,18 @@ One rank per visible GPU (at most 2). Skipped without CUDA.
 """
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "dist"))
 
 pytestmark = pytest.mark.gpu
 
 
 def main():
     import torch
-    import test_stage3 as s3
+    from tests.helpers import stage3_model as s3
     from launcher import zero
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -54,7 +52,7 @@ def main():
 @pytest.mark.skipif("not __import__('torch').cuda.is_available()", reason="needs CUDA")
 def test_stage3_and_offload_on_cuda():
     import torch
-    from world import check, run_world
+    from tests.helpers.world import check, run_world
     world_size = min(2, torch.cuda.device_count())
     results = check(run_world(__file__, world_size, timeout=300))
     for result in results:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.dist.world import REPO, check, run_world
+from tests.helpers.world import REPO, check, run_world
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -8,11 +8,10 @@ import sys
 
 import pytest
 
-SCRIPTS = os.path.join(os.path.dirname(__file__), "..", "..", "scripts")
-sys.path.insert(0, os.path.abspath(SCRIPTS))
+from scripts import bench_engine
+from tests.helpers import gpt as bench_model
 
-import bench_engine  # noqa: E402
-import bench_model  # noqa: E402
+SCRIPTS = os.path.dirname(os.path.abspath(bench_engine.__file__))
 
 
 def _ok(variant, tokens_per_s, peak=None):

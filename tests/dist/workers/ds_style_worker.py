@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from launcher import zero
-from tests.dist.workers.parity_worker import MBS, data, groups, make_model, reference
+from tests.helpers.tiny import MBS, data, groups, make_model, reference
 
 RANK = int(os.environ["RANK"])
 WORLD = int(os.environ["WORLD_SIZE"])
