@@ -36,8 +36,9 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
         raise ConfigError("zero.initialize: model is required", hint="zero.initialize(model=model, config=...)")
     if mpu is not None:
         raise ConfigError("zero.initialize: model parallelism (mpu) is not supported", hint="remove mpu=")
-    source = _config_source(config, config_params, args)
-    dist_context = context_from_group(process_group) if process_group is not None else init_distributed()
+    environ = dict(os.environ)   # the rank's environment, read once here and passed on
+    source = _config_source(config, config_params, args, environ.get("DSLAUNCH_CONFIG"))
+    dist_context = context_from_group(process_group) if process_group is not None else init_distributed(env=environ)
     cfg = load_config(source, world_size=dist_context.world_size)
     precision = precision_policy(cfg)
     model.to(device=dist_context.device, dtype=precision.param_dtype)
@@ -69,13 +70,13 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     return engine, optimizer, dataloader, scheduler
 
 
-def _config_source(config, config_params, args) -> Any:
+def _config_source(config, config_params, args, launcher_config: str | None) -> Any:
     from_args = getattr(args, "deepspeed_config", None) or getattr(args, "deepscale_config", None)
     given = config if config is not None else config_params
     if from_args and given is not None and given != from_args:
         raise ConfigError("zero.initialize: a config came both as config= and as args.deepspeed_config "
                           f"({from_args})", hint="pass one of them (DeepSpeed refuses both too)")
-    for candidate in (config, config_params, from_args, os.environ.get("DSLAUNCH_CONFIG")):
+    for candidate in (config, config_params, from_args, launcher_config):
         if candidate is not None and candidate != "":
             return candidate
     raise ConfigError("zero.initialize: no config given",
