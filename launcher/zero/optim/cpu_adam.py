@@ -71,10 +71,14 @@ class CPUAdam(torch.optim.Optimizer):
         self.chunk_elements = int(chunk_elements)
         self.use_fused = _HAS_FUSED if use_fused is None else (use_fused and _HAS_FUSED)
         self._pool = ThreadPoolExecutor(self.num_threads) if self.num_threads > 1 else None
+        #: param -> tensor that every step also writes the updated values into (an engine's
+        #: 16-bit host copies of its offloaded masters); ``step(params_16bit=...)`` wins over it
+        self.copy_targets: dict = {}
 
     def __getstate__(self):
         state = super().__getstate__()
         state.pop("_pool", None)
+        state.pop("copy_targets", None)
         return state
 
     def _state_for(self, p):
@@ -105,7 +109,7 @@ class CPUAdam(torch.optim.Optimizer):
                     raise RuntimeError("CPUAdam does not support sparse gradients")
                 state = self._state_for(p)
                 state["step"] += 1
-                target = None if params_16bit is None else params_16bit.get(p)
+                target = (self.copy_targets if params_16bit is None else params_16bit).get(p)
                 jobs.extend(self._chunk_jobs(p, state, group, target))
         self._run(jobs)
         return loss

@@ -131,11 +131,10 @@ class ZeroStrategy(ABC):
 
     def grad_norm_and_overflow(self) -> GradStats:
         """Global L2 norm and overflow flag of the master grads; a collective when partitioned."""
-        masters = self.master_tensors()
-        device = masters[0].device if masters else self.context.dist.device
+        grads = self.norm_grads()
+        device = grads[0].device if grads else self.context.dist.device
         totals = torch.zeros(2, dtype=torch.float64, device=device)
-        for master in masters:
-            grad = master.grad
+        for grad in grads:
             if grad is None or grad.numel() == 0:
                 continue
             grad = grad.detach()
@@ -150,6 +149,10 @@ class ZeroStrategy(ABC):
         overflow = bool(totals[1].item() > 0)
         norm = float("inf") if overflow else float(totals[0].sqrt().item())
         return GradStats(norm=norm, overflow=overflow)
+
+    def norm_grads(self) -> list[torch.Tensor | None]:
+        """The gradients whose norm is the master grads' norm (offload measures them on the device)."""
+        return [master.grad for master in self.master_tensors()]
 
     def scale_master_grads(self, factor: float) -> None:
         """Multiply every master grad by ``factor`` (unscale and clip in one pass)."""

@@ -67,6 +67,11 @@ class WholeParamsStrategy(ZeroStrategy):
         for group in self.groups:
             self.hooks += register_grad_hooks(group.params, lambda i, g=group.index: self.reduction.on_grad(g, i))
         self.reduction.bind(self)
+        self.copy_targets = self.placement.copy_targets(self.masters)
+        if self.copy_targets and hasattr(optimizer, "copy_targets"):   # our CPU Adam writes them in its pass
+            optimizer.copy_targets = self.copy_targets
+        else:
+            self.copy_targets = {}
 
     def _build_master(self, group: ParamGroup, buffer: torch.Tensor) -> torch.Tensor:
         low, high = self.partitioning.bounds(group)
@@ -127,13 +132,23 @@ class WholeParamsStrategy(ZeroStrategy):
     def master_tensors(self) -> list[torch.Tensor]:
         return list(self.masters)
 
-    def after_optimizer_step(self) -> None:
+    def norm_grads(self) -> list[torch.Tensor | None]:
+        return self.placement.norm_grads(self.masters)
+
+    def scale_master_grads(self, factor: float) -> None:
+        self.placement.scale_grads(self.masters, factor)
+
+    def after_optimizer_step(self, optimizer_wrote_copies: bool = True) -> None:
+        wrote = optimizer_wrote_copies and bool(self.copy_targets)
         with torch.no_grad():
-            for group, buffer, master in zip(self.groups, self.param_buffers, self.masters):
+            for position, (group, buffer, master) in enumerate(zip(self.groups, self.param_buffers, self.masters)):
                 low, high = self.partitioning.bounds(group)
                 if not self.aliased:
-                    buffer[low:high].copy_(master)
+                    self.placement.write_back(buffer[low:high], master, position, wrote)
                 self.partitioning.gather(buffer, low, high)
+
+    def sync_params_from_master(self) -> None:
+        self.after_optimizer_step(optimizer_wrote_copies=False)   # after a load the copies are stale
 
     def zero_grad(self) -> None:
         self.reduction.zero()

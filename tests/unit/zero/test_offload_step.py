@@ -1,0 +1,78 @@
+"""The ZeRO-Offload step of stages 1-2 in bf16 (one rank, gloo): what the device does and what
+the host does. The norm is measured on the device gradients, unscaling and the cast happen
+before the one copy to the host, and the CPU Adam writes the 16-bit weights that go back."""
+import pytest
+import torch
+
+from launcher import zero
+
+
+@pytest.fixture(autouse=True)
+def no_process_group_left():
+    yield
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def train(stage, offload, steps=3, clip=0.05):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4))
+    zero_cfg = {"stage": stage}
+    if offload:
+        zero_cfg["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    config = {"train_micro_batch_size_per_gpu": 8, "gradient_clipping": clip, "bf16": {"enabled": True},
+              "zero_optimization": zero_cfg,
+              "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}}}
+    engine, optimizer, _, _ = zero.initialize(model=model, config=config)
+    gen = torch.Generator().manual_seed(1)
+    norms = []
+    for _ in range(steps):
+        x = torch.randn(8, 16, generator=gen).to(torch.bfloat16)
+        engine.backward(engine(x).float().pow(2).mean())
+        engine.step()
+        norms.append(engine.get_global_grad_norm())
+    weights = [p.detach().clone() for p in model.parameters()]
+    return engine, optimizer, weights, norms
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_bf16_offload_trains_like_no_offload(stage):
+    _, _, expected, expected_norms = train(stage, offload=False)
+    torch.distributed.destroy_process_group()
+    engine, optimizer, weights, norms = train(stage, offload=True)
+    assert type(optimizer).__name__ == "CPUAdam"
+    assert norms == pytest.approx(expected_norms, rel=1e-5)
+    for got, want in zip(weights, expected):
+        assert got.dtype == torch.bfloat16
+        # both round the same fp32 masters to bf16; the two Adam kernels may differ in the last fp32 bit
+        assert (got.float() - want.float()).abs().max().item() <= 2 * torch.finfo(torch.bfloat16).eps
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_cpu_adam_writes_the_16bit_copies_that_go_back(stage):
+    engine, optimizer, weights, _ = train(stage, offload=True)
+    masters = [p for group in optimizer.param_groups for p in group["params"]]
+    assert len(optimizer.copy_targets) == len(masters)
+    for master in masters:
+        copy = optimizer.copy_targets[master]
+        assert copy.dtype == torch.bfloat16 and torch.equal(copy, master.to(torch.bfloat16))
+    if stage == 2:   # one rank: the flat copy is the weights in order (stage 3 keeps small ones whole)
+        flat = torch.cat([w.reshape(-1) for w in weights])
+        assert torch.equal(flat, torch.cat([optimizer.copy_targets[m] for m in masters])[:flat.numel()])
+
+
+def test_norm_is_measured_on_the_device_gradients_and_host_grads_fill_only_for_a_step():
+    engine, optimizer, _, _ = train(2, offload=True, steps=1)
+    strategy = engine.strategy
+    x = torch.randn(8, 16).to(torch.bfloat16)
+    engine.backward(engine(x).float().pow(2).mean())
+    strategy.prepare_master_grads()
+    host = strategy.placement.host_grads[0]
+    host.fill_(7.0)
+    grads = strategy.norm_grads()
+    assert all(g.device == strategy.context.dist.device for g in grads)
+    assert all(g.data_ptr() != host.data_ptr() for g in grads)
+    strategy.grad_norm_and_overflow()
+    assert torch.all(host == 7.0), "the norm must not need the host copy"
+    strategy.scale_master_grads(0.5)
+    assert torch.equal(host, (grads[0].float() * 0.5)), "scale_master_grads fills the host grads"
