@@ -43,6 +43,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true",
                    help="2 layers, width 64, seq 64, vocab 512, batch 2, 1+3 steps (CPU test)")
     p.add_argument("--timeout", type=float, default=300, help="seconds per variant")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="run the variant list N times, interleaved (a,b,a,b,...), and report medians")
     p.add_argument("--log-dir", help="write each variant's stderr to LOG_DIR/<variant>.log")
     p.add_argument("--profile", metavar="DIR",
                    help="after timing, profile 3 steps: DIR/<variant>.txt (top kernels by GPU time)")
@@ -72,6 +74,35 @@ def with_ratios(results: list[dict], targets: dict[str, float]) -> list[dict]:
                 r["meets_target"] = (r["ratio_vs_plain"] >= targets[name]
                                      and r.get("mem_vs_plain", 0.0) <= 1.0)
         out.append(r)
+    return out
+
+
+def summarize_repeats(results: list[dict], targets: dict[str, float]) -> list[dict]:
+    """Per variant over its repeats: the median of the runs' tokens/s, their spread, and the
+    ratio of that median to plain's median (each run's own figure is a median of its steps)."""
+    by_name: dict[str, list[dict]] = {}
+    for r in results:
+        by_name.setdefault(r["variant"].split("#")[0], []).append(r)
+    medians = {}
+    for name, runs in by_name.items():
+        ok = [r["tokens_per_s"] for r in runs if r["status"] == "ok"]
+        if ok:
+            medians[name] = (statistics.median(ok), min(ok), max(ok), len(ok), len(runs))
+    base = medians.get("plain")
+    out = []
+    for name, (median, low, high, ok, runs) in medians.items():
+        row = {"variant": name, "runs_ok": ok, "runs": runs, "tokens_per_s_median": round(median, 1),
+               "tokens_per_s_min": round(low, 1), "tokens_per_s_max": round(high, 1),
+               "spread": round((high - low) / median, 4)}
+        peaks = [r["peak_mem_gib"] for r in by_name[name] if r.get("peak_mem_gib") is not None]
+        if peaks:
+            row["peak_mem_gib"] = max(peaks)
+        if base is not None:
+            row["ratio_vs_plain"] = round(median / base[0], 4)
+            if name in targets:
+                row["target_ratio"] = targets[name]
+                row["meets_target"] = row["ratio_vs_plain"] >= targets[name]
+        out.append(row)
     return out
 
 
@@ -171,6 +202,7 @@ def main_parent(args, argv: list[str]) -> int:
     if unknown:
         print(f"unknown variant(s) {unknown}; known: {', '.join(VARIANTS)}", file=sys.stderr)
         return 2
+    names = names * max(1, args.repeat)   # interleaved: a,b,c,a,b,c,...
     results = []
     for name, label in zip(names, label_repeats(names)):
         results.append(run_variant(name, label, argv, args))
@@ -179,6 +211,13 @@ def main_parent(args, argv: list[str]) -> int:
     for record in with_ratios(results, TARGETS):
         print(json.dumps(record), flush=True)
     print(format_table(with_ratios(results, TARGETS)), file=sys.stderr)
+    if args.repeat > 1:
+        for row in summarize_repeats(results, TARGETS):
+            print(json.dumps({"summary": True, **row}), flush=True)
+            print(f"[median of {row['runs_ok']}] {row['variant']:<16} {row['tokens_per_s_median']:>10.0f} tok/s "
+                  f"(spread {row['spread']:.1%}) ratio {row.get('ratio_vs_plain', float('nan')):.3f}"
+                  + (f" target >={row['target_ratio']} {'met' if row['meets_target'] else 'MISSED'}"
+                     if "target_ratio" in row else ""), file=sys.stderr)
     return 0 if all(r["status"] != "error" for r in results) else 1
 
 
@@ -304,6 +343,9 @@ def profile_steps(step, batches, device, path: str, steps: int = 3) -> None:
         f.write(f"per step: wall {wall_ms:.2f} ms (profiled), GPU kernel time "
                 f"{busy_us / 1e3 / steps:.2f} ms\n")
         f.write(events.table(sort_by=sort, row_limit=30, max_name_column_width=70))
+        if device.type == "cuda":   # where the host's time goes (offload steps are host-bound)
+            f.write("\nby self CPU time:\n")
+            f.write(events.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=70))
 
 
 def main(argv=None) -> int:

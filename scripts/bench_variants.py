@@ -16,7 +16,8 @@ import torch.distributed as dist
 Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 # Issue 7's targets: minimum tokens/s ratio to plain PyTorch, per variant.
-TARGETS = {"zero0": 0.97, "zero1": 0.97, "zero2": 0.97, "zero3": 0.95, "zero2_offload": 0.60}
+TARGETS = {"zero0": 0.97, "zero1": 0.97, "zero2": 0.97, "zero3": 0.97, "zero2_offload": 0.60,
+           "zero3_offload": 0.50}
 
 
 class Unavailable(Exception):

@@ -33,15 +33,17 @@ FP16_SCALE_POWER = 12
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 ALL_CASES = [f"zero{s}-{p}" for s in range(4) for p in ("bf16", "fp16")] + [
     "zero2_offload-bf16", "zero3_offload-bf16"]
+# negative controls: the engine trains with a learning rate 5% off; the bounds must catch it
+CONTROL_CASES = ["zero2-bf16-lrx1.05", "zero2_offload-bf16-lrx1.05"]
 
 
-def engine_config(stage: int, precision: str, offload: bool) -> dict:
+def engine_config(stage: int, precision: str, offload: bool, lr: float = LR) -> dict:
     zero: dict = {"stage": stage, "reduce_bucket_size": 20000}  # several buckets even when tiny
     if offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
     config = {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": 1,
               "gradient_clipping": CLIP, "zero_optimization": zero, "steps_per_print": 10**9,
-              "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": list(BETAS), "eps": EPS,
+              "optimizer": {"type": "AdamW", "params": {"lr": lr, "betas": list(BETAS), "eps": EPS,
                                                         "weight_decay": WEIGHT_DECAY}}}
     if precision == "fp16":
         config["fp16"] = {"enabled": True, "initial_scale_power": FP16_SCALE_POWER}
@@ -70,7 +72,7 @@ def reference(model: torch.nn.Module, dtype: torch.dtype, data, scale: float,
     names = [n for n, _ in low.named_parameters()]
     masters = [p.detach().float().to(master_device).clone().requires_grad_(True)
                for p in low.parameters()]
-    optimizer = torch.optim.AdamW(masters, lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
+    optimizer = same_optimizer(masters, offload=master_device is not None and master_device.type == "cpu")
     losses, skipped = [], 0
     for step in range(STEPS):
         idx, targets = data[step % len(data)]
@@ -96,6 +98,16 @@ def reference(model: torch.nn.Module, dtype: torch.dtype, data, scale: float,
     return losses, state, dict(zip(names, (m.detach() for m in masters))), skipped
 
 
+def same_optimizer(masters, offload: bool):
+    """The optimizer the engine builds from this config (fused AdamW on the GPU, CPU Adam with
+    offload), so that engine and reference differ in nothing but the engine's own work."""
+    from launcher.zero.config import load_config
+    from launcher.zero.optim.factory import build_optimizer
+
+    spec = load_config(engine_config(2, "bf16", offload), world_size=1).optimizer
+    return build_optimizer(spec, masters, offload=offload)
+
+
 def rel_err(got: dict, want: dict, base: dict | None = None) -> float:
     """||got - want|| / ||want - base|| over all tensors (base None: / ||want||)."""
     diff = sum(float((got[k].float().cpu() - want[k].float().cpu()).pow(2).sum()) for k in want)
@@ -107,7 +119,8 @@ def rel_err(got: dict, want: dict, base: dict | None = None) -> float:
 def run_case(case: str, device: torch.device) -> dict:
     from launcher import zero
 
-    variant, precision = case.split("-")
+    variant, precision, *control = case.split("-")
+    lr = LR * (float(control[0][3:]) if control else 1.0)
     stage, offload = int(variant[4]), variant.endswith("_offload")
     dtype = DTYPES[precision]
     torch.manual_seed(0)
@@ -118,7 +131,7 @@ def run_case(case: str, device: torch.device) -> dict:
     ref_losses, ref_state, ref_masters, ref_skipped = reference(
         model, dtype, data, scale, torch.device("cpu") if offload else device)
 
-    engine, _, _, _ = zero.initialize(model=model, config=engine_config(stage, precision, offload),
+    engine, _, _, _ = zero.initialize(model=model, config=engine_config(stage, precision, offload, lr),
                                       process_group=dist.group.WORLD)
     losses = []
     for step in range(STEPS):
@@ -148,7 +161,7 @@ def run_case(case: str, device: torch.device) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--cases", default=",".join(ALL_CASES))
+    parser.add_argument("--cases", default=",".join(ALL_CASES + CONTROL_CASES))
     args = parser.parse_args(argv)
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")

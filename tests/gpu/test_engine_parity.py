@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "parity_worker.py")
-from tests.gpu.parity_worker import ALL_CASES  # noqa: E402
+from tests.gpu.parity_worker import ALL_CASES, CONTROL_CASES  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -41,3 +41,10 @@ def test_engine_matches_reference(results, case):
     # fp32 masters (consolidated from the engine's checkpoint) against the reference's, relative
     # to how far training moved them: a 5% learning-rate error reads about 0.07 here.
     assert record["masters_err_vs_update"] <= 1e-2, record
+
+
+@pytest.mark.parametrize("case", CONTROL_CASES)
+def test_bounds_catch_a_five_percent_learning_rate_error(results, case):
+    record = results.get(case)
+    assert record is not None and "error" not in record, record
+    assert record["masters_err_vs_update"] > 1e-2, record

@@ -80,3 +80,13 @@ def test_tiny_run_on_cpu_prints_one_json_line_per_variant():
     assert zero2["status"] == "ok" or zero2["reason"]
     assert deepspeed["status"] == "unavailable" and "CUDA" in deepspeed["reason"]
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_summarize_repeats_takes_medians_of_runs_and_ratios_to_plains_median():
+    runs = [_ok("plain", 100.0), _ok("zero3", 90.0), _ok("plain#2", 120.0), _ok("zero3#2", 60.0),
+            _ok("plain#3", 110.0), _ok("zero3#3", 99.0)]
+    rows = {r["variant"]: r for r in bench_engine.summarize_repeats(runs, {"zero3": 0.97})}
+    assert rows["plain"]["tokens_per_s_median"] == 110.0 and rows["plain"]["runs_ok"] == 3
+    assert rows["zero3"]["tokens_per_s_median"] == 90.0
+    assert rows["zero3"]["ratio_vs_plain"] == round(90 / 110, 4)
+    assert rows["zero3"]["spread"] == round((99 - 60) / 90, 4) and rows["zero3"]["meets_target"] is False
