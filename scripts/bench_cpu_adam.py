@@ -51,6 +51,20 @@ def cases(args):
                lambda threads=threads: CPUAdam(make_params(n, t, True), num_threads=threads, **kw))
     yield (f"CPUAdam(threads={args.threads}) + bf16 copy, 1 flat buffer",
            lambda: CPUAdam(make_params(n, t, True), num_threads=args.threads, **kw))
+    for chunk in [int(float(c)) for c in args.chunks.split(",") if c]:
+        yield (f"CPUAdam(threads={args.threads}, chunk={chunk:.0e}) + bf16 copy",
+               lambda chunk=chunk: CPUAdam(make_params(n, t, True), num_threads=args.threads,
+                                           chunk_elements=chunk, **kw))
+
+
+def copy_bandwidth(numel: int, steps: int) -> float:
+    """Host memory bandwidth as torch sees it: GB/s of c = a + b over fp32 buffers (3 x 4 bytes a value)."""
+    a, b, c = torch.randn(numel), torch.randn(numel), torch.empty(numel)
+    torch.add(a, b, out=c)
+    start = time.perf_counter()
+    for _ in range(steps):
+        torch.add(a, b, out=c)
+    return 12 * numel * steps / (time.perf_counter() - start) / 1e9
 
 
 def deepspeed_case(args):
@@ -72,15 +86,18 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--json", action="store_true")
+    p.add_argument("--chunks", default="", help="also CPUAdam with these chunk sizes, e.g. 4e6,1.6e7")
     args = p.parse_args(argv)
     numel = int(args.params)
     results = []
     print(f"torch {torch.__version__}, {torch.get_num_threads()} intra-op threads, {os.cpu_count()} cores, "
           f"{numel / 1e6:.0f}M fp32 params, {args.steps} timed steps")
+    print(f"host memory bandwidth (c = a + b, fp32): {copy_bandwidth(numel, args.steps):.1f} GB/s; "
+          "an Adam step moves ~30 bytes a parameter (p, g, m, v read; p, m, v, bf16 copy written)")
     for name, build in cases(args):
         opt = build()
         extra = None
-        if "bf16 copy" in name:
+        if "bf16" in name:
             p0 = opt.param_groups[0]["params"][0]
             extra = {"params_16bit": {p0: torch.empty_like(p0, dtype=torch.bfloat16)}}
         seconds = time_steps(opt, args.steps, extra=extra)

@@ -74,11 +74,18 @@ class CPUAdam(torch.optim.Optimizer):
         #: param -> tensor that every step also writes the updated values into (an engine's
         #: 16-bit host copies of its offloaded masters); ``step(params_16bit=...)`` wins over it
         self.copy_targets: dict = {}
+        #: engine-set for the next step: every gradient times this (unscaling and clipping fused
+        #: into the update, so the host never makes a pass of its own over the gradients)
+        self.grad_factor = 1.0
+        #: engine-set: called as ``on_chunk(param, start, end)`` in order, as each chunk's update
+        #: (and its copy) is written, so the copy back to the device can start chunk by chunk
+        self.on_chunk = None
 
     def __getstate__(self):
         state = super().__getstate__()
         state.pop("_pool", None)
         state.pop("copy_targets", None)
+        state.pop("on_chunk", None)
         return state
 
     def _state_for(self, p):
@@ -100,7 +107,7 @@ class CPUAdam(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        jobs = []
+        jobs, spans = [], []
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
@@ -110,8 +117,11 @@ class CPUAdam(torch.optim.Optimizer):
                 state = self._state_for(p)
                 state["step"] += 1
                 target = (self.copy_targets if params_16bit is None else params_16bit).get(p)
-                jobs.extend(self._chunk_jobs(p, state, group, target))
-        self._run(jobs)
+                chunks = self._chunk_jobs(p, state, group, target)
+                jobs.extend(chunks)
+                spans.extend((p, a, b) for a, b in _chunks(p.numel(), self.chunk_elements))
+        self._run(jobs, spans)
+        self.grad_factor = 1.0
         return loss
 
     def _chunk_jobs(self, p, state, group, target):
@@ -122,24 +132,34 @@ class CPUAdam(torch.optim.Optimizer):
         return [(tuple(t[a:b] for t in flat), None if out is None else out[a:b], step, step_tensor, group)
                 for a, b in _chunks(p.numel(), self.chunk_elements)]
 
-    def _run(self, jobs):
+    def _run(self, jobs, spans):
+        notify = self.on_chunk
         if self._pool is None or len(jobs) == 1:
-            for job in jobs:
+            for job, span in zip(jobs, spans):
                 self._step_chunk(*job)
+                if notify is not None:
+                    notify(*span)
             return
-        for future in [self._pool.submit(self._step_chunk, *job) for job in jobs]:
+        for future, span in zip([self._pool.submit(self._step_chunk, *job) for job in jobs], spans):
             future.result()
+            if notify is not None:
+                notify(*span)
 
     @torch.no_grad()   # grad mode is per thread: the pool's threads need it too
     def _step_chunk(self, tensors, out, step, step_tensor, group):
         param, grad, exp_avg, exp_avg_sq = tensors
         beta1, beta2 = group["betas"]
         lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+        factor = self.grad_factor
         if self.use_fused and group["bias_correction"]:
             fused = torch._fused_adamw_ if group["adamw_mode"] else torch._fused_adam_
+            # the kernel divides each gradient by grad_scale as it reads it
+            scale = {} if factor == 1.0 else {"grad_scale": torch.tensor(1.0 / factor), "found_inf": torch.zeros(())}
             fused([param], [grad], [exp_avg], [exp_avg_sq], [], [step_tensor], lr=float(lr), beta1=beta1,
-                  beta2=beta2, weight_decay=wd, eps=eps, amsgrad=False, maximize=False)
+                  beta2=beta2, weight_decay=wd, eps=eps, amsgrad=False, maximize=False, **scale)
         else:
+            if factor != 1.0:
+                grad = grad * factor
             _step_reference(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, wd,
                             group["adamw_mode"], group["bias_correction"])
         if out is not None:

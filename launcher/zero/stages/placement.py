@@ -44,8 +44,11 @@ class OnDevice:
                 if master.grad is not None:
                     master.grad.mul_(factor)
 
-    def copy_targets(self, masters: list[torch.Tensor]) -> dict:
-        return {}
+    def grad_ready(self, position: int, offset: int, grad: torch.Tensor) -> None:
+        """An owned gradient range is final for this step (offload starts its copy here)."""
+
+    def attach(self, optimizer, masters: list[torch.Tensor], targets: list[torch.Tensor], expected: list[int]) -> None:
+        """Bind to the optimizer and the device weight ranges (nothing to do on the device)."""
 
     def write_back(self, target: torch.Tensor, master: torch.Tensor, position: int, wrote_copies: bool) -> None:
         target.copy_(master)
@@ -58,32 +61,54 @@ class OnDevice:
 class OnHost(OnDevice):
     """Masters and master grads in host memory, page-locked when the config asks for it.
 
-    Per step the device does what is cheap there: the norm and the overflow check read the
-    device gradients (``norm_grads``), and unscaling, clipping and the cast to fp32 happen on
-    the device before one copy per group into the pinned host gradient (``scale_grads``). A
-    CPU Adam writes each updated chunk also into a pinned host copy in the weights' dtype
-    (``copy_targets``), so the copy back moves 16-bit values with no host-side cast.
+    The step is a pipeline with as little host work as the arithmetic allows:
+
+    * during the boundary's backward each owned gradient range is copied to the pinned host
+      gradient on a side stream as soon as its reduction is final (``grad_ready``), in fp32,
+      cast on the device; ranges that never reported are copied at the step (``scale_grads``);
+    * the norm and the overflow check read the device gradients (``norm_grads``);
+    * unscaling and clipping are one factor that our CPU Adam applies as it reads each gradient
+      (``grad_factor``); another optimizer gets its host grads multiplied first;
+    * the CPU Adam writes each updated chunk into a pinned copy in the weights' dtype, and the
+      copy back to the device starts chunk by chunk while later chunks are still being updated.
     """
 
-    STAGE_NUMEL = 1 << 25   # fp32 staging on the device, 128 MiB at a time
+    STAGE_NUMEL = 1 << 25     # fp32 staging on the device, 128 MiB at a time
+    UPLOAD_NUMEL = 1 << 24    # copy updated weights back in runs of at least this many values
 
     def __init__(self, context):
         super().__init__(context)
         offload = context.config.zero_optimization.offload_optimizer
         self.pin = bool(offload is not None and offload.pin_memory)
+        cuda = context.dist.device.type == "cuda" and torch.cuda.is_available()
+        self.stream = torch.cuda.Stream(device=context.dist.device) if cuda else None
         self.host_grads: list[torch.Tensor] = []
         self.host_weights: list[torch.Tensor] = []
         self.owned: list[torch.Tensor] = []
+        self.filled: list[int] = []
 
     def build(self, weights: torch.Tensor, may_alias: bool) -> tuple[torch.Tensor, bool]:
         master = host_copy(weights, self.context.precision.master_dtype, self.pin)
         self.host_grads.append(host_copy(torch.zeros(master.numel()), master.dtype, self.pin))
+        self.filled.append(0)
         if weights.dtype != master.dtype:
             self.host_weights.append(host_copy(weights, weights.dtype, self.pin))
         return master, False   # the device weights and the host masters are always two tensors
 
+    # ---- gradients to the host -------------------------------------------------------------
+    def grad_ready(self, position: int, offset: int, grad: torch.Tensor) -> None:
+        """The owned gradient range at ``offset`` is final for this step: start its copy."""
+        host = self.host_grads[position][offset:offset + grad.numel()]
+        self.filled[position] += grad.numel()
+        if self.stream is None:
+            host.copy_(grad)
+            return
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            host.copy_(grad if grad.dtype == host.dtype else grad.to(host.dtype), non_blocking=True)
+
     def give_grads(self, masters: list[torch.Tensor], owned: list[torch.Tensor]) -> None:
-        """The host grads are filled in ``scale_grads``, once the step is known to happen."""
+        """The host grads fill as the ranges report (``grad_ready``) and in ``scale_grads``."""
         self.owned = owned
         for master, host in zip(masters, self.host_grads):
             master.grad = host
@@ -92,30 +117,76 @@ class OnHost(OnDevice):
         return list(self.owned)
 
     def scale_grads(self, masters: list[torch.Tensor], factor: float) -> None:
-        """Unscale/clip and cast on the device, then one pinned copy per staging chunk; wait once."""
-        for grad, host in zip(self.owned, self.host_grads):
-            for start in range(0, grad.numel(), self.STAGE_NUMEL):
-                piece = grad[start:start + self.STAGE_NUMEL]
-                if piece.dtype != host.dtype or factor != 1.0:
-                    piece = piece.to(host.dtype).mul_(factor) if factor != 1.0 else piece.to(host.dtype)
-                host[start:start + piece.numel()].copy_(piece, non_blocking=True)
-        if torch.cuda.is_available() and self.context.dist.device.type == "cuda":
+        """Finish the copies (all of a range that did not report), then hand over the factor."""
+        for position, (grad, host) in enumerate(zip(self.owned, self.host_grads)):
+            if self.filled[position] != self.expected[position]:
+                self._copy_whole(grad, host)
+        self._wait()
+        if self.optimizer_scales:
+            self.optimizer.grad_factor = factor
+        elif factor != 1.0:
+            for host in self.host_grads:
+                host.mul_(factor)
+
+    def _copy_whole(self, grad: torch.Tensor, host: torch.Tensor) -> None:
+        for start in range(0, grad.numel(), self.STAGE_NUMEL):
+            piece = grad[start:start + self.STAGE_NUMEL]
+            piece = piece if piece.dtype == host.dtype else piece.to(host.dtype)
+            host[start:start + piece.numel()].copy_(piece, non_blocking=True)
+
+    def _wait(self) -> None:
+        if self.stream is not None:
+            self.stream.synchronize()
             torch.cuda.current_stream().synchronize()   # the step reads the host copies
 
-    def copy_targets(self, masters: list[torch.Tensor]) -> dict:
-        """Where a CPU Adam also writes each updated master (the 16-bit copies), if the dtypes differ."""
-        return dict(zip(masters, self.host_weights)) if self.host_weights else {}
+    # ---- updated weights back to the device --------------------------------------------------
+    def attach(self, optimizer, masters: list[torch.Tensor], targets: list[torch.Tensor], expected: list[int]) -> None:
+        """Bind to the optimizer and the device weight ranges the masters go back into."""
+        self.optimizer, self.expected, self.targets = optimizer, expected, targets
+        self.optimizer_scales = hasattr(optimizer, "grad_factor")
+        self.writes_copies = bool(self.host_weights) and hasattr(optimizer, "copy_targets")
+        if self.writes_copies:
+            optimizer.copy_targets = dict(zip(masters, self.host_weights))
+            if hasattr(optimizer, "on_chunk"):
+                optimizer.on_chunk = self._chunk_written
+        self.position_of = {id(m): i for i, m in enumerate(masters)}
+        self.uploaded = [0] * len(masters)
+
+    def _chunk_written(self, master: torch.Tensor, start: int, end: int) -> None:
+        """Called in order by the CPU Adam: upload the written prefix in runs of UPLOAD_NUMEL."""
+        position = self.position_of[id(master)]
+        done = self.uploaded[position]
+        if end - done >= self.UPLOAD_NUMEL or end == master.numel():
+            self._upload(position, done, end)
+
+    def _upload(self, position: int, start: int, end: int) -> None:
+        source, target = self.host_weights[position][start:end], self.targets[position][start:end]
+        self.uploaded[position] = end
+        if self.stream is None:
+            target.copy_(source)
+            return
+        with torch.cuda.stream(self.stream):
+            target.copy_(source, non_blocking=True)
 
     def write_back(self, target: torch.Tensor, master: torch.Tensor, position: int, wrote_copies: bool) -> None:
-        """Updated master -> device weights: the 16-bit host copy when the optimizer wrote it."""
-        source = self.host_weights[position] if wrote_copies and self.host_weights else master
-        if source.dtype == target.dtype or target.device.type == "cpu":
-            target.copy_(source, non_blocking=True)
+        """Updated master -> device weights: what the uploads did not cover yet, then wait for them."""
+        if wrote_copies and self.writes_copies:
+            if self.uploaded[position] < master.numel():
+                self._upload(position, self.uploaded[position], master.numel())
+            self.uploaded[position] = 0
+            if self.stream is not None:
+                torch.cuda.current_stream().wait_stream(self.stream)
             return
-        for start in range(0, source.numel(), self.STAGE_NUMEL):   # cast on the device, not the host
-            piece = source[start:start + self.STAGE_NUMEL].to(target.device, non_blocking=True)
+        if target.device.type == "cpu":
+            target.copy_(master)
+            return
+        for start in range(0, master.numel(), self.STAGE_NUMEL):   # cast on the device, not the host
+            piece = master[start:start + self.STAGE_NUMEL].to(target.device, non_blocking=True)
             target[start:start + piece.numel()].copy_(piece)
 
     def clear_grads(self, masters: list[torch.Tensor]) -> None:
         super().clear_grads(masters)
+        if self.stream is not None:
+            self.stream.synchronize()   # a skipped step's copies must not land in the next one
         self.owned = []
+        self.filled = [0] * len(self.filled)

@@ -22,10 +22,12 @@ class ReduceEveryMicroStep:
         self.grad_partitions = [torch.zeros(group.layout.partition_numel, dtype=ctx.precision.grad_accum_dtype,
                                             device=ctx.dist.device) for group in strategy.groups]
         self.staging: dict[int, torch.Tensor] = {}
+        self.boundary = True
         self.bucket_of = {(g, slot): index for index, (g, bucket) in enumerate(strategy.plan)
                           for slot in range(bucket.first, bucket.last)}
 
     def pre_backward(self, is_boundary: bool) -> None:
+        self.boundary = is_boundary
         self.strategy.queue.arm()
 
     def _staging(self, bucket_index: int) -> torch.Tensor:
@@ -67,7 +69,10 @@ class ReduceEveryMicroStep:
         partition = self.grad_partitions[position]
 
         def accumulate(offset, reduced):
-            partition[offset:offset + reduced.numel()].add_(reduced)
+            final = partition[offset:offset + reduced.numel()]
+            final.add_(reduced)
+            if self.boundary:   # this range is now final for the step: offload copies it at once
+                strategy.placement.grad_ready(position, offset, final)
         strategy.reduce_to_owners(strategy.groups[position], work, bucket.start, accumulate)
         strategy.pending.append((None, lambda: self.staging.pop(bucket_index, None)))
         if not strategy.context.config.overlap_comm:

@@ -67,11 +67,9 @@ class WholeParamsStrategy(ZeroStrategy):
         for group in self.groups:
             self.hooks += register_grad_hooks(group.params, lambda i, g=group.index: self.reduction.on_grad(g, i))
         self.reduction.bind(self)
-        self.copy_targets = self.placement.copy_targets(self.masters)
-        if self.copy_targets and hasattr(optimizer, "copy_targets"):   # our CPU Adam writes them in its pass
-            optimizer.copy_targets = self.copy_targets
-        else:
-            self.copy_targets = {}
+        bounds = [self.partitioning.bounds(group) for group in self.groups]
+        self.placement.attach(optimizer, self.masters, [b[low:high] for b, (low, high) in zip(self.param_buffers, bounds)],
+                              [_covered(group, low, high) for group, (low, high) in zip(self.groups, bounds)])
 
     def _build_master(self, group: ParamGroup, buffer: torch.Tensor) -> torch.Tensor:
         low, high = self.partitioning.bounds(group)
@@ -139,7 +137,7 @@ class WholeParamsStrategy(ZeroStrategy):
         self.placement.scale_grads(self.masters, factor)
 
     def after_optimizer_step(self, optimizer_wrote_copies: bool = True) -> None:
-        wrote = optimizer_wrote_copies and bool(self.copy_targets)
+        wrote = optimizer_wrote_copies
         with torch.no_grad():
             for position, (group, buffer, master) in enumerate(zip(self.groups, self.param_buffers, self.masters)):
                 low, high = self.partitioning.bounds(group)
@@ -174,3 +172,8 @@ class WholeParamsStrategy(ZeroStrategy):
         masters = 0 if self.aliased else sum(m.numel() * m.element_size() for m in self.masters)
         return {"parameters": params, "gradients": self.reduction.nbytes(), "master_weights": masters,
                 "optimizer_states": self.optimizer_state_bytes()}
+
+
+def _covered(group: ParamGroup, low: int, high: int) -> int:
+    """Elements of [low, high) that belong to a parameter (the rest is padding)."""
+    return sum(max(0, min(high, slot.end) - max(low, slot.offset)) for slot in group.layout.slots)

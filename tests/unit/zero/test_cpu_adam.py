@@ -86,3 +86,29 @@ def test_rejects_non_fp32_or_bad_hyper_parameters():
         CPUAdam([half]).step()
     with pytest.raises(ValueError):
         CPUAdam([torch.nn.Parameter(torch.ones(2))], betas=(1.0, 0.9))
+
+
+def test_grad_factor_scales_the_gradients_inside_the_update_for_one_step():
+    torch.manual_seed(0)
+    grad = torch.randn(1000)
+    a, b = torch.nn.Parameter(torch.randn(1000)), None
+    b = torch.nn.Parameter(a.detach().clone())
+    a.grad, b.grad = grad * 0.25, grad.clone()
+    scaled_first = CPUAdam([a], lr=0.1, weight_decay=0.1, num_threads=2, chunk_elements=300)
+    factor_inside = CPUAdam([b], lr=0.1, weight_decay=0.1, num_threads=2, chunk_elements=300)
+    scaled_first.step()
+    factor_inside.grad_factor = 0.25
+    factor_inside.step()
+    assert torch.allclose(a, b, rtol=0, atol=1e-7)
+    assert factor_inside.grad_factor == 1.0
+
+
+def test_on_chunk_reports_every_chunk_in_order():
+    p = torch.nn.Parameter(torch.randn(1000))
+    q = torch.nn.Parameter(torch.randn(250))
+    p.grad, q.grad = torch.randn(1000), torch.randn(250)
+    seen = []
+    opt = CPUAdam([p, q], lr=0.1, num_threads=2, chunk_elements=300)
+    opt.on_chunk = lambda param, start, end: seen.append((param is p, start, end))
+    opt.step()
+    assert seen == [(True, 0, 300), (True, 300, 600), (True, 600, 900), (True, 900, 1000), (False, 0, 250)]

@@ -91,6 +91,7 @@ class Stage3Strategy(ZeroStrategy):
         self._pending_numel = 0
         self._keep_alive: list[torch.Tensor] = []
         self._touched: set[tuple[int, int]] = set()    # shards with a gradient since zero_grad
+        self._device_squares, self._norm_on_device = 0.0, True   # see _finish_pending
         for position, params in enumerate(self.group_params):
             for slot_index, p in enumerate(params):
                 if P.is_partitioned(p):
@@ -197,9 +198,15 @@ class Stage3Strategy(ZeroStrategy):
         ctx = self.context
         world = ctx.dist.world_size
         target = self.grads[position][slot.offset:slot.offset + slot.length]
-        if world == 1:   # nothing to scatter: accumulate straight into the (only) shard
-            target[:slot.numel].add_(grad.reshape(-1).to(device=target.device, dtype=target.dtype),
-                                     alpha=self.pre_scale * self.post_scale)
+        if world == 1 and target.device == grad.device:   # nothing to scatter: straight into the shard
+            target[:slot.numel].add_(grad.reshape(-1), alpha=self.pre_scale * self.post_scale)
+            return
+        if world == 1:   # offload: cast on the device, then one copy to the host shard (_finish_pending)
+            out = grad.reshape(-1).to(target.dtype)
+            if self.pre_scale != 1.0:
+                out.mul_(self.pre_scale)
+            self._pending.append((None, out, target[:slot.numel], (position, slot_index)))
+            self._finish_pending()
             return
         padded = torch.zeros(slot.length * world, dtype=ctx.precision.comm_dtype, device=grad.device)
         padded[:slot.numel].copy_(grad.reshape(-1))
@@ -222,7 +229,7 @@ class Stage3Strategy(ZeroStrategy):
         temporary and are added; all device-to-host copies are queued first and waited for once.
         """
         pending, self._pending, self._pending_numel = self._pending, [], 0
-        staged, copied = [], False
+        staged = []
         for work, out, target, key in pending:
             if work is not None:
                 work.wait()
@@ -231,14 +238,16 @@ class Stage3Strategy(ZeroStrategy):
             if out.device == target.device:
                 target.add_(out)
             elif key not in self._touched:
-                target.copy_(out, non_blocking=True)
-                copied = True
+                # the first contribution this step: measured here, on the device, for the norm
+                self._device_squares = self._device_squares + torch.linalg.vector_norm(out.float()).square()
+                target.copy_(out, non_blocking=True)   # pinned: overlaps the rest of backward
             else:
+                self._norm_on_device = False            # accumulated on the host: measure it there
                 staged.append((target, out.to(device=target.device, non_blocking=True)))
             self._touched.add(key)
         self._keep_alive = []     # the padded inputs can go once their collectives were waited for
-        if (staged or copied) and torch.cuda.is_available():
-            torch.cuda.current_stream().synchronize()   # the non-blocking copies must land before use
+        if staged and torch.cuda.is_available():
+            torch.cuda.current_stream().synchronize()   # the host adds read the copies
         for target, host in staged:
             target.add_(host)
 
@@ -276,6 +285,8 @@ class Stage3Strategy(ZeroStrategy):
 
     # ---- the step -------------------------------------------------------------------------
     def prepare_master_grads(self) -> None:
+        if self.offload_optimizer and torch.cuda.is_available():
+            torch.cuda.current_stream().synchronize()   # the gradient copies to the host have landed
         for master, grad in zip(self.masters, self.grads):
             master.grad = grad if grad.dtype == master.dtype and grad.device == master.device \
                 else grad.to(device=master.device, dtype=master.dtype)
@@ -290,6 +301,8 @@ class Stage3Strategy(ZeroStrategy):
         that norm non-finite, which is the overflow flag.
         """
         ctx = self.context
+        if self.offload_optimizer and self._norm_on_device and ctx.dist.device.type == "cuda":
+            return self._norm_from_device()
         total = torch.zeros((), dtype=torch.float64)
         for master, slots in zip(self.masters, self.group_slots):
             if master.grad is None or master.grad.numel() == 0:
@@ -308,6 +321,29 @@ class Stage3Strategy(ZeroStrategy):
         overflow = not (squared == squared and squared != float("inf"))
         return GradStats(norm=float("inf") if overflow else max(0.0, squared) ** 0.5, overflow=overflow)
 
+    def _norm_from_device(self) -> GradStats:
+        """Offload, one contribution per shard: the partitioned squares were summed on the device
+        as the shards were copied out; the persistent (whole) parameters add theirs once (rank 0)."""
+        ctx = self.context
+        total = torch.as_tensor(self._device_squares, dtype=torch.float64, device=ctx.dist.device).reshape(())
+        if ctx.dist.rank == 0:
+            for master, slots in zip(self.masters, self.group_slots):
+                for slot in slots:
+                    if slot.persistent and master.grad is not None:
+                        piece = master.grad[slot.offset:slot.offset + slot.length]
+                        total = total + float(torch.linalg.vector_norm(piece)) ** 2
+        if ctx.dist.world_size > 1:
+            dist.all_reduce(total, group=ctx.dist.group)
+        squared = float(total)
+        overflow = not (squared == squared and squared != float("inf"))
+        return GradStats(norm=float("inf") if overflow else max(0.0, squared) ** 0.5, overflow=overflow)
+
+    def scale_master_grads(self, factor: float) -> None:
+        if self.offload_optimizer and hasattr(self.optimizer, "grad_factor"):
+            self.optimizer.grad_factor = factor   # applied as the CPU Adam reads each gradient
+        else:
+            super().scale_master_grads(factor)
+
     def after_optimizer_step(self, optimizer_wrote_copies: bool = True) -> None:
         sources = self.host_weights if optimizer_wrote_copies and self.host_weights else self.masters
         with torch.no_grad():
@@ -325,6 +361,7 @@ class Stage3Strategy(ZeroStrategy):
 
     def zero_grad(self) -> None:
         self._touched.clear()
+        self._device_squares, self._norm_on_device = 0.0, True
         for master, grad in zip(self.masters, self.grads):
             grad.zero_()
             master.grad = None
