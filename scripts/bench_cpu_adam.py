@@ -52,9 +52,11 @@ def cases(args):
     yield (f"CPUAdam(threads={args.threads}) + bf16 copy, 1 flat buffer",
            lambda: CPUAdam(make_params(n, t, True), num_threads=args.threads, **kw))
     for chunk in [int(float(c)) for c in args.chunks.split(",") if c]:
-        yield (f"CPUAdam(threads={args.threads}, chunk={chunk:.0e}) + bf16 copy",
-               lambda chunk=chunk: CPUAdam(make_params(n, t, True), num_threads=args.threads,
-                                           chunk_elements=chunk, **kw))
+        for threads in sorted({1, args.threads}):
+            yield (f"CPUAdam(threads={threads}, chunk={chunk:.1e})",
+                   lambda chunk=chunk, threads=threads: CPUAdam(make_params(n, t, True), num_threads=threads,
+                                                                chunk_elements=chunk, **kw))
+    yield "CPUAdam() defaults, 1 flat buffer", lambda: CPUAdam(make_params(n, t, True), **kw)
 
 
 def copy_bandwidth(numel: int, steps: int) -> float:

@@ -1,12 +1,14 @@
 """A fast Adam/AdamW step for flat fp32 buffers in host memory (ZeRO-Offload's optimizer).
 
-The step runs torch's fused CPU Adam kernel (vectorized, torch >= 2.4) over contiguous
-chunks of one flat buffer, the chunks spread over a thread pool; each chunk is also copied
-into the 16-bit device-bound buffer while it is still in cache, so the update and the
-down-cast are one pass over memory. Without the fused kernel it falls back to the same
-arithmetic as torch.optim.AdamW's single-tensor path. Results equal torch.optim.AdamW.
+The step runs torch's fused CPU Adam kernel (vectorized, torch >= 2.4, every core inside each
+call) over contiguous chunks of one flat buffer, in order, and reports each finished chunk
+(``on_chunk``) so that an engine can copy it back to the device while later chunks update; an
+engine can also hand it the step's gradient factor (``grad_factor``: unscaling and clipping
+applied as the kernel reads each gradient). ``step(params_16bit=...)`` also writes each chunk
+into a 16-bit tensor. Without the fused kernel it falls back to the same arithmetic as
+torch.optim.AdamW's single-tensor path, spread over a thread pool. Results equal torch.optim.AdamW.
 
-Glossary: a *chunk* is a contiguous slice of the flat buffer that one thread updates.
+Glossary: a *chunk* is a contiguous slice of the flat buffer updated by one kernel call.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-DEFAULT_CHUNK_ELEMENTS = 1 << 20     # 4 MiB of fp32: large enough to amortize the call, small enough for cache-friendly copies
+# 64 MiB of fp32: the fused kernel parallelizes inside each call, so a chunk only needs to be
+# large enough to amortize the call and small enough that the copy back can start early
+DEFAULT_CHUNK_ELEMENTS = 1 << 24
 _HAS_FUSED = hasattr(torch, "_fused_adamw_") and hasattr(torch, "_fused_adam_")
 
 
@@ -67,13 +71,12 @@ class CPUAdam(torch.optim.Optimizer):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                         adamw_mode=adamw_mode, bias_correction=bias_correction)
         super().__init__(params, defaults)
-        self.num_threads = num_threads or default_num_threads()
-        self.chunk_elements = int(chunk_elements)
         self.use_fused = _HAS_FUSED if use_fused is None else (use_fused and _HAS_FUSED)
+        # torch's fused kernel already runs on every core (intra-op threads): one caller is
+        # enough; the reference arithmetic is several small ops, which threads overlap
+        self.num_threads = num_threads or (1 if self.use_fused else default_num_threads())
+        self.chunk_elements = int(chunk_elements)
         self._pool = ThreadPoolExecutor(self.num_threads) if self.num_threads > 1 else None
-        #: param -> tensor that every step also writes the updated values into (an engine's
-        #: 16-bit host copies of its offloaded masters); ``step(params_16bit=...)`` wins over it
-        self.copy_targets: dict = {}
         #: engine-set for the next step: every gradient times this (unscaling and clipping fused
         #: into the update, so the host never makes a pass of its own over the gradients)
         self.grad_factor = 1.0
@@ -84,7 +87,6 @@ class CPUAdam(torch.optim.Optimizer):
     def __getstate__(self):
         state = super().__getstate__()
         state.pop("_pool", None)
-        state.pop("copy_targets", None)
         state.pop("on_chunk", None)
         return state
 
@@ -116,7 +118,7 @@ class CPUAdam(torch.optim.Optimizer):
                     raise RuntimeError("CPUAdam does not support sparse gradients")
                 state = self._state_for(p)
                 state["step"] += 1
-                target = (self.copy_targets if params_16bit is None else params_16bit).get(p)
+                target = None if params_16bit is None else params_16bit.get(p)
                 chunks = self._chunk_jobs(p, state, group, target)
                 jobs.extend(chunks)
                 spans.extend((p, a, b) for a, b in _chunks(p.numel(), self.chunk_elements))

@@ -136,17 +136,13 @@ class WholeParamsStrategy(ZeroStrategy):
     def scale_master_grads(self, factor: float) -> None:
         self.placement.scale_grads(self.masters, factor)
 
-    def after_optimizer_step(self, optimizer_wrote_copies: bool = True) -> None:
-        wrote = optimizer_wrote_copies
+    def after_optimizer_step(self) -> None:
         with torch.no_grad():
             for position, (group, buffer, master) in enumerate(zip(self.groups, self.param_buffers, self.masters)):
                 low, high = self.partitioning.bounds(group)
                 if not self.aliased:
-                    self.placement.write_back(buffer[low:high], master, position, wrote)
+                    self.placement.write_back(buffer[low:high], master, position)
                 self.partitioning.gather(buffer, low, high)
-
-    def sync_params_from_master(self) -> None:
-        self.after_optimizer_step(optimizer_wrote_copies=False)   # after a load the copies are stale
 
     def zero_grad(self) -> None:
         self.reduction.zero()

@@ -48,17 +48,25 @@ def test_bf16_offload_trains_like_no_offload(stage):
         assert (got.float() - want.float()).abs().max().item() <= 2 * torch.finfo(torch.bfloat16).eps
 
 
-@pytest.mark.parametrize("stage", [2, 3])
-def test_cpu_adam_writes_the_16bit_copies_that_go_back(stage):
-    engine, optimizer, weights, _ = train(stage, offload=True)
-    masters = [p for group in optimizer.param_groups for p in group["params"]]
-    assert len(optimizer.copy_targets) == len(masters)
-    for master in masters:
-        copy = optimizer.copy_targets[master]
-        assert copy.dtype == torch.bfloat16 and torch.equal(copy, master.to(torch.bfloat16))
-    if stage == 2:   # one rank: the flat copy is the weights in order (stage 3 keeps small ones whole)
-        flat = torch.cat([w.reshape(-1) for w in weights])
-        assert torch.equal(flat, torch.cat([optimizer.copy_targets[m] for m in masters])[:flat.numel()])
+def test_updated_masters_go_back_chunk_by_chunk_while_the_step_runs():
+    engine, optimizer, _, _ = train(2, offload=True, steps=1)
+    placement = engine.strategy.placement
+    optimizer.chunk_elements, placement.UPLOAD_NUMEL = 100, 200
+    uploads, steps_done = [], []
+    real_upload = placement._upload
+    placement._upload = lambda position, start, end: (uploads.append((start, end, len(steps_done))),
+                                                     real_upload(position, start, end))
+    real_step = optimizer.step
+    optimizer.step = lambda *a, **k: (real_step(*a, **k), steps_done.append(1))[0]
+    x = torch.randn(8, 16).to(torch.bfloat16)
+    engine.backward(engine(x).float().pow(2).mean())
+    engine.step()
+    master = optimizer.param_groups[0]["params"][0]
+    during = [u for u in uploads if u[2] == 0]
+    assert len(during) >= 3 and during[0][0] == 0, uploads   # several runs, while the step ran
+    assert [u[1] for u in uploads][-1] == master.numel()
+    weights = torch.cat([p.detach().reshape(-1) for p in engine.module.parameters()])
+    assert torch.equal(weights, master.to(torch.bfloat16)[:weights.numel()]), "cast of the masters"
 
 
 @pytest.mark.parametrize("stage", [1, 2])

@@ -98,18 +98,7 @@ class Stage3Strategy(ZeroStrategy):
                     self._hooks.append(p.register_hook(lambda grad, param=p: P.give_shape(param)))
                     self._hooks.append(p.register_post_accumulate_grad_hook(
                         lambda param, g=position, s=slot_index: self._on_grad(g, s)))
-        self._install_copy_targets(optimizer, pin)
 
-    def _install_copy_targets(self, optimizer, pin: bool) -> None:
-        """With offload our CPU Adam also writes each updated master into a pinned 16-bit copy,
-        so the copy back to the device moves 16-bit values and casts nothing on the host."""
-        self.host_weights: list[torch.Tensor] = []
-        dtype = self.context.precision.param_dtype
-        if not (self.offload_optimizer and hasattr(optimizer, "copy_targets")) or \
-                all(m.dtype == dtype for m in self.masters):
-            return
-        self.host_weights = [host_buffer(m.numel(), dtype, pin).copy_(m) for m in self.masters]
-        optimizer.copy_targets = dict(zip(self.masters, self.host_weights))
 
     def _place_parameters(self, module, trainable) -> None:
         """Partition what is big enough, keep the rest whole; every rank starts from rank 0's values."""
@@ -344,20 +333,18 @@ class Stage3Strategy(ZeroStrategy):
         else:
             super().scale_master_grads(factor)
 
-    def after_optimizer_step(self, optimizer_wrote_copies: bool = True) -> None:
-        sources = self.host_weights if optimizer_wrote_copies and self.host_weights else self.masters
+    def after_optimizer_step(self) -> None:
         with torch.no_grad():
-            for params, slots, master in zip(self.group_params, self.group_slots, sources):
+            for params, slots, master in zip(self.group_params, self.group_slots, self.masters):
                 for p, slot in zip(params, slots):
                     view = master[slot.offset:slot.offset + slot.length]
                     target = p.data.view(-1) if slot.persistent else p.ds_state.shard
                     if target.data_ptr() != view.data_ptr():
+                        if view.device != target.device and view.dtype != target.dtype:
+                            view = view.to(target.device, non_blocking=True)   # cast on the device
                         # from pinned host memory this is asynchronous: it overlaps the next forward,
                         # and the host masters are not written again before the next step's sync
                         target.copy_(view, non_blocking=True)
-
-    def sync_params_from_master(self) -> None:
-        self.after_optimizer_step(optimizer_wrote_copies=False)   # after a load the copies are stale
 
     def zero_grad(self) -> None:
         self._touched.clear()
