@@ -44,6 +44,10 @@ class OnDevice:
                 if master.grad is not None:
                     master.grad.mul_(factor)
 
+    def bucket_numel(self, configured: int) -> int:
+        """The gradient bucket size to use (``reduce_bucket_size`` unless the placement needs less)."""
+        return configured
+
     def grad_ready(self, position: int, offset: int, grad: torch.Tensor) -> None:
         """An owned gradient range is final for this step (offload starts its copy here)."""
 
@@ -95,6 +99,11 @@ class OnHost(OnDevice):
         return master, False   # the device weights and the host masters are always two tensors
 
     # ---- gradients to the host -------------------------------------------------------------
+    def bucket_numel(self, configured: int) -> int:
+        """At most STAGE_NUMEL: a bucket's copy to the host starts when the bucket is reduced, so
+        one bucket of the whole model (DeepSpeed's default 5e8) would copy only after backward."""
+        return min(configured, self.STAGE_NUMEL)
+
     def grad_ready(self, position: int, offset: int, grad: torch.Tensor) -> None:
         """The owned gradient range at ``offset`` is final for this step: start its copy."""
         host = self.host_grads[position][offset:offset + grad.numel()]

@@ -58,7 +58,8 @@ class WholeParamsStrategy(ZeroStrategy):
         for group, master in zip(self.groups, self.masters):
             optimizer.param_groups[group.index]["params"] = [master]
         order = {name: index for index, (name, _) in enumerate(module.named_parameters())}
-        self.plan = plan_all_buckets(self.groups, int(ctx.config.zero_optimization.reduce_bucket_size), order)
+        bucket_numel = self.placement.bucket_numel(int(ctx.config.zero_optimization.reduce_bucket_size))
+        self.plan = plan_all_buckets(self.groups, bucket_numel, order)
         members = [[(g, slot) for slot in range(b.first, b.last)] for g, b in self.plan]
         self.queue = BucketQueue(members, self.reduction.launch)
         self.pre_scale, self.post_scale = gradient_scales(ctx.config, ctx.dist.world_size)

@@ -274,8 +274,12 @@ class Stage3Strategy(ZeroStrategy):
 
     # ---- the step -------------------------------------------------------------------------
     def prepare_master_grads(self) -> None:
-        if self.offload_optimizer and torch.cuda.is_available():
+        if self._copies_overwrite:
             torch.cuda.current_stream().synchronize()   # the gradient copies to the host have landed
+            for position, (grad, slots) in enumerate(zip(self.grads, self.group_slots)):
+                for index, slot in enumerate(slots):   # a shard no gradient reached this step
+                    if not slot.persistent and (position, index) not in self._touched:
+                        grad[slot.offset:slot.offset + slot.length].zero_()
         for master, grad in zip(self.masters, self.grads):
             master.grad = grad if grad.dtype == master.dtype and grad.device == master.device \
                 else grad.to(device=master.device, dtype=master.dtype)
@@ -346,11 +350,21 @@ class Stage3Strategy(ZeroStrategy):
                         # and the host masters are not written again before the next step's sync
                         target.copy_(view, non_blocking=True)
 
+    @property
+    def _copies_overwrite(self) -> bool:
+        """Offload from a GPU: a shard's first gradient of a step is copied over the host buffer."""
+        return self.offload_optimizer and self.context.dist.device.type == "cuda"
+
     def zero_grad(self) -> None:
         self._touched.clear()
         self._device_squares, self._norm_on_device = 0.0, True
-        for master, grad in zip(self.masters, self.grads):
-            grad.zero_()
+        for master, grad, slots in zip(self.masters, self.grads, self.group_slots):
+            if self._copies_overwrite:   # a shard's first copy overwrites: zero only what adds up
+                for slot in slots:
+                    if slot.persistent:
+                        grad[slot.offset:slot.offset + slot.length].zero_()
+            else:
+                grad.zero_()
             master.grad = None
         for params in self.group_params:
             for p in params:
