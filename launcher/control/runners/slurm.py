@@ -78,7 +78,7 @@ def command(plan: JobPlan, endpoint: ControlEndpoint) -> list[str]:
     argv = ["srun", "--nodes", str(len(plan.nodes)), "--ntasks", str(len(plan.nodes)),
             "--ntasks-per-node", "1", "--nodelist", nodes, "--chdir", plan.workdir,
             *shlex.split(plan.launcher_args)]
-    return argv + agent_argv(plan, endpoint, "env:SLURM_NODEID")
+    return argv + agent_argv(plan, endpoint, "env:SLURM_NODEID", SECRET_DELIVERY)
 
 
 def render(plan: JobPlan, endpoint: ControlEndpoint) -> list[list[str]]:
@@ -86,3 +86,4 @@ def render(plan: JobPlan, endpoint: ControlEndpoint) -> list[list[str]]:
 
 
 LABEL = "srun"   # how the controller names this runner's process
+SECRET_DELIVERY = "env"   # $DSLAUNCH_AGENT_SECRET in srun's environment (srun exports it to the tasks)
