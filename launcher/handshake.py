@@ -92,7 +92,7 @@ class Credentials:
         if not isinstance(hello, dict) or hello.get("type") != "hello":
             return "no hello"
         node_rank = hello.get("node_rank")
-        if not isinstance(node_rank, int) or not 0 <= node_rank < node_count:
+        if type(node_rank) is not int or not 0 <= node_rank < node_count:
             return f"bad node rank {node_rank!r}"
         answer = hello.get("proof")
         if not isinstance(answer, str) or not hmac.compare_digest(answer, proof(self.key_for(node_rank), nonce,
