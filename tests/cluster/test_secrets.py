@@ -89,6 +89,9 @@ def test_the_key_is_on_no_command_line_on_any_node(hosts, launcher):
             assert new_hex == set(), f"a key-like value on a command line: {new_hex}"
             assert all("--secret" in argv for argv in found.values())
         assert all("DSLAUNCH_AGENT_SECRET" not in environ_of(pid) for pid in rank_pids)
+        listening = {c.laddr.ip for c in psutil.Process(proc.pid).net_connections("tcp")
+                     if c.status == psutil.CONN_LISTEN}
+        assert listening == {"10.213.0.254"}, "dslaunch listens beyond the interface toward the nodes"
     finally:
         out, err = finish(proc)
     assert TOKEN not in out + err
