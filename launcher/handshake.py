@@ -103,6 +103,7 @@ class Credentials:
         addresses = expected.get(node_rank)
         if self.delivery == "ticket" and addresses and source not in addresses:
             return (f"node {node_rank}'s ticket used from {source}, not from the node "
-                    f"({', '.join(sorted(addresses))})")
+                    f"({', '.join(sorted(addresses))}); if that is the node's other interface, "
+                    "use --launcher ssh")
         self.admitted.add(node_rank)
         return None

@@ -59,7 +59,8 @@ class Controller:
         toward = plan.master_addr if not remote.is_local else "127.0.0.1"
         address = local_address_toward(toward)
         # only the interface toward the nodes listens (every interface when that one is unknown)
-        self.listener = socket.create_server((address or "0.0.0.0", 0), backlog=len(plan.nodes) + 8)
+        family = socket.AF_INET6 if address and ":" in address else socket.AF_INET
+        self.listener = socket.create_server((address or "0.0.0.0", 0), family=family, backlog=len(plan.nodes) + 8)
         self.endpoint = ControlEndpoint(address or socket.gethostname(), self.listener.getsockname()[1],
                                         self.credentials.ticket)
         threading.Thread(target=self._accept, daemon=True).start()
