@@ -126,3 +126,19 @@ def test_check_reports_show_no_secret_value(hosts):
                               cwd=ROOT, timeout=120, env={**os.environ, "HF_TOKEN": TOKEN})
         assert done.returncode == 0, done.stdout + done.stderr
         assert TOKEN not in done.stdout + done.stderr
+
+
+def test_a_failing_remote_ranks_report_shows_no_value(hosts, tmp_path):
+    """The rank prints its HF_TOKEN (forwarded to the nodes) and fails: dslaunch's report hides it."""
+    script = tmp_path / "leak.py"   # the nodes share this filesystem
+    script.write_text("import os, sys\nif os.environ['RANK'] == '3':\n"
+                      "    print('using', os.environ['HF_TOKEN'], flush=True)\n    sys.exit(3)\n")
+    argv = [sys.executable, "-m", "launcher", "-H", hosts, "--launcher", "ssh", "--no-preflight", str(script)]
+    env = {**os.environ, "HF_TOKEN": TOKEN}
+    hidden = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=120, env=env)
+    assert hidden.returncode == 3, hidden.stderr
+    assert "rank 3 on node2 exited with code 3" in hidden.stderr and "using <redacted>" in hidden.stderr
+    assert TOKEN not in hidden.stdout + hidden.stderr
+    shown = subprocess.run(argv[:3] + ["--show-secrets"] + argv[3:], capture_output=True, text=True, cwd=ROOT,
+                           timeout=120, env=env)
+    assert shown.returncode == 3 and f"using {TOKEN}" in shown.stderr, shown.stderr
