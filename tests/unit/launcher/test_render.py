@@ -63,6 +63,19 @@ def test_slurm_golden():
         "--chdir", "/work dir", *ENV_AGENT.split(), "env:SLURM_NODEID"]
 
 
+@pytest.mark.parametrize("args, ok", [
+    ("--export=ALL,FOO=1", True), ("--export=NONE,DSLAUNCH_AGENT_SECRET", True), ("--export NONE", False),
+    ("--export=NONE", False), ("--export=PATH,HOME", False), ("--mpi=pmix", True),
+])
+def test_slurm_export_must_keep_the_agents_key(args, ok):
+    p = plan("gn01 slots=1\ngn02 slots=1\n", launcher_args=args)
+    if ok:
+        assert "env:DSLAUNCH_AGENT_SECRET" in slurm.render(p, END)[0]
+    else:
+        with pytest.raises(UsageError, match="keep the agents' key"):
+            slurm.render(p, END)
+
+
 @pytest.mark.parametrize("text, hosts", [
     ("gn[01-03,7]", ["gn01", "gn02", "gn03", "gn7"]),
     ("a,b[1-2],c", ["a", "b1", "b2", "c"]),
