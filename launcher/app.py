@@ -9,6 +9,7 @@ from launcher import console
 from launcher.control.machine import read_machine
 from launcher.control.runners import get_runner
 from launcher.errors import UsageError
+from launcher.planning import redact
 from launcher.planning.hostfile import Host, load_hostfile
 from launcher.planning.plan import JobPlan, LaunchOptions, build_plan
 from launcher.planning.render import describe_plan, plan_to_json
@@ -25,11 +26,13 @@ class Mode:
     check: bool = False
     as_json: bool = False
     debug: bool = False
+    show_secrets: bool = False      # print secret-looking values as they are (planning/redact.py)
 
     @classmethod
     def from_flags(cls, flags: dict) -> "Mode":
         return cls(dry_run=bool(flags.get("dry_run")), check=bool(flags.get("check")),
-                   as_json=bool(flags.get("as_json")), debug=bool(flags.get("debug")))
+                   as_json=bool(flags.get("as_json")), debug=bool(flags.get("debug")),
+                   show_secrets=bool(flags.get("show_secrets")))
 
 
 def options_from_flags(flags: dict) -> LaunchOptions:
@@ -56,12 +59,17 @@ def run(options: LaunchOptions, mode: Mode) -> int:
         _check_script(options, plan)
     if options.config:
         _check_config(options, plan)
+    patterns = redact.secret_patterns(machine.environ.get(redact.PATTERNS_VARIABLE))
+    if not mode.show_secrets:
+        console.hide_values(redact.secret_values(plan, patterns, machine.environ))
     if mode.check:
         from launcher.control.check import run_check
         return run_check(plan, hosts, options, as_json=mode.as_json)
     runner = get_runner(plan.launcher)
     if mode.dry_run:
         commands = runner.render(plan, ControlEndpoint())
+        if not mode.show_secrets:
+            plan = redact.redacted_plan(plan, patterns)
         if mode.as_json:
             print(json.dumps(plan_to_json(plan, commands), indent=2))
         else:

@@ -80,6 +80,8 @@ class BoundaryCommand(click.Command):
 @_opt("--config", "config", default=None, metavar="PATH", help="Engine config to validate and pass on.")
 @_opt("--dry-run", "--dry_run", "dry_run", is_flag=True, help="Print the plan and commands; start nothing.")
 @_opt("--json", "as_json", is_flag=True, help="With --dry-run or --check: one JSON document.")
+@_opt("--show-secrets", "--show_secrets", "show_secrets", is_flag=True,
+      help="Print the values of secret-looking variables (*TOKEN*, *KEY*, ...) instead of <redacted>.")
 @_opt("--check", "check", is_flag=True, help="Run the preflight checks only.")
 @_opt("--no-preflight", "--no_ssh_check", "no_preflight", is_flag=True,
       help="Skip the checks before a multi-node launch.")

@@ -4,8 +4,8 @@ Readable on purpose (no base64, no pickles): each message is one JSON object wit
 "type". Agents dial dslaunch, so every runner (ssh, pdsh, mpirun, srun) gets the same
 channel, and forwarded env values travel inside it instead of on a command line.
 
-Agent -> dslaunch: hello, port, output, exit, heartbeat, error, done.
-dslaunch -> agent: pick_port, plan, stop, heartbeat.
+Agent -> dslaunch: hello (answering the challenge), port, output, exit, heartbeat, error, done.
+dslaunch -> agent: challenge, pick_port, plan, stop, heartbeat.
 """
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ DRY_RUN_ENDPOINT_HOST = "<dslaunch-address>"
 
 @dataclass(frozen=True)
 class ControlEndpoint:
-    """Where agents call back to dslaunch, and the job's token that admits them."""
+    """Where agents call back to dslaunch, and pdsh's one-time ticket (launcher/handshake.py)."""
 
     host: str = DRY_RUN_ENDPOINT_HOST
     port: int = 0
-    token: str = "<token>"
+    ticket: str = "<ticket>"
 
     def address(self) -> str:
         return f"{self.host}:{self.port or '<port>'}"

@@ -31,13 +31,13 @@ def run_check(plan: JobPlan, hosts: list[Host] | None, options: LaunchOptions, a
                          hint="dslaunch --hostfile HOSTS --check")
     from launcher.preflight import run_preflight
     report = run_preflight(_plan_hosts(plan, hosts), _request(plan, options, fast=False))
-    print(report.to_json(indent=2) if as_json else report.format_table())
+    print(console.scrub(report.to_json(indent=2) if as_json else report.format_table()))
     return 0 if report.ok else EXIT_PREFLIGHT
 
 
 def preflight_failed(report) -> None:
     """Show the failed checks and stop the launch (exit 3); nothing has started on any node."""
     console.say("preflight failed; nothing was started on any node:")
-    print(report.format_table(), file=sys.stderr)
+    print(console.scrub(report.format_table()), file=sys.stderr)
     raise PreflightError(f"{len(report.failed_hosts)} host(s) failed the preflight",
                          hint="fix what the table says, or skip the checks with --no-preflight")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import queue
 import re
-import secrets
 import signal
 import socket
 import subprocess
@@ -21,6 +20,7 @@ from typing import Callable
 from launcher import console
 from launcher.control.check import preflight_failed
 from launcher.errors import EXIT_SIGINT, LaunchError
+from launcher.handshake import Credentials, new_nonce
 from launcher.node.netinfo import local_address_toward
 from launcher.node.process import RankExit, RankOutput, stop_processes
 from launcher.planning.plan import JobPlan, with_master_port
@@ -29,6 +29,7 @@ from launcher.wire import ControlEndpoint, HEARTBEAT_SECONDS, Channel, keepalive
 
 STARTUP_TIMEOUT = 60.0
 STOP_TIMEOUT = 10.0
+HELLO_TIMEOUT = 10.0
 
 
 @dataclass
@@ -42,37 +43,57 @@ class Started:
 
 
 class Controller:
-    def __init__(self, plan: JobPlan, grace: float = 3.0):
+    def __init__(self, plan: JobPlan, grace: float = 3.0, delivery: str = "ticket"):
+        """`delivery`: how the runner hands agents their key (its SECRET_DELIVERY, launcher/handshake.py)."""
         self.plan = plan
         self.grace = grace
-        self.token = secrets.token_hex(16)
+        self.credentials = Credentials(delivery)
+        self._admit_lock = threading.Lock()
+        self.expected_sources = _node_addresses(plan)
         self.events: queue.Queue = queue.Queue()
         self.channels: dict[int, Channel] = {}
         self.last_heard: dict[int, float] = {}
         self.done: set[int] = set()
         self.hellos: dict[int, dict] = {}  # node rank -> its agent's hostname and pid
-        self.listener = socket.create_server(("0.0.0.0", 0), backlog=len(plan.nodes) + 8)
         remote = next((n for n in plan.nodes if not n.is_local), plan.nodes[0])
         toward = plan.master_addr if not remote.is_local else "127.0.0.1"
-        self.endpoint = ControlEndpoint(local_address_toward(toward) or socket.gethostname(),
-                                        self.listener.getsockname()[1], self.token)
+        address = local_address_toward(toward)
+        # only the interface toward the nodes listens (every interface when that one is unknown)
+        family = socket.AF_INET6 if address and ":" in address else socket.AF_INET
+        self.listener = socket.create_server((address or "0.0.0.0", 0), family=family, backlog=len(plan.nodes) + 8)
+        self.endpoint = ControlEndpoint(address or socket.gethostname(), self.listener.getsockname()[1],
+                                        self.credentials.ticket)
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
         while True:
             try:
-                sock, _addr = self.listener.accept()
+                sock, source = self.listener.accept()
             except OSError:
                 return
             keepalive(sock)
-            threading.Thread(target=self._read, args=(Channel(sock),), daemon=True).start()
+            threading.Thread(target=self._read, args=(Channel(sock), source), daemon=True).start()
 
-    def _read(self, channel: Channel) -> None:
+    def _admit(self, channel: Channel, source: tuple) -> dict | None:
+        """Challenge a new connection; its hello when the agent proved its key, else None (logged)."""
+        nonce = new_nonce()
+        channel.sock.settimeout(HELLO_TIMEOUT)  # a silent connection must not hold a thread forever
+        channel.send({"type": "challenge", "nonce": nonce})
         hello = channel.recv()
-        if not hello or hello.get("type") != "hello" or hello.get("token") != self.token:
+        with self._admit_lock:
+            refused = self.credentials.check(hello, nonce, source[0], self.expected_sources, len(self.plan.nodes))
+        if refused:
+            console.say(f"refused a connection from {source[0]}:{source[1]}: {refused}; the job goes on")
             channel.close()
+            return None
+        channel.sock.settimeout(None)
+        return hello
+
+    def _read(self, channel: Channel, source: tuple) -> None:
+        hello = self._admit(channel, source)
+        if hello is None:
             return
-        node_rank = int(hello["node_rank"])
+        node_rank = hello["node_rank"]
         self.events.put((node_rank, {**hello, "channel": channel}))
         while True:
             message = channel.recv()
@@ -269,6 +290,21 @@ class Controller:
         return 0
 
 
+def _node_addresses(plan: JobPlan) -> dict[int, set[str]]:
+    """The addresses each node's agent may call from (a one-time ticket is only good from there)."""
+    found: dict[int, set[str]] = {}
+    for node in plan.nodes:
+        names = {node.host} | ({"127.0.0.1", "localhost", socket.gethostname()} if node.is_local else set())
+        addresses: set[str] = set()
+        for name in names:
+            try:
+                addresses |= {info[4][0] for info in socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)}
+            except OSError:
+                continue
+        found[node.node_rank] = addresses
+    return found
+
+
 def _hosts_pdsh_gave_up_on(item: Started, nodes) -> list[str]:
     """pdsh goes on with the other hosts when one fails; its 'ssh exited' line tells us."""
     if not item.label.startswith("pdsh"):
@@ -313,12 +349,21 @@ def _install_signals(stop_reason: dict) -> dict:
     return previous
 
 
-def spawn_runner(label: str, argv: list[str], env: dict[str, str] | None, node_ranks: tuple[int, ...]) -> Started:
-    """Start one runner process with stdout and stderr merged into one watched pipe."""
+def spawn_runner(label: str, argv: list[str], env: dict[str, str] | None, node_ranks: tuple[int, ...],
+                 stdin_data: bytes | None = None) -> Started:
+    """Start one runner process with stdout and stderr merged into one watched pipe.
+
+    `stdin_data` (the ssh runner's node key) is written on its stdin, which is then closed."""
     try:
-        popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
+        popen = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL if stdin_data is None else subprocess.PIPE,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     except FileNotFoundError:
         raise LaunchError(f"'{argv[0]}' is not installed on this machine",
                           hint="install it, or choose another --launcher") from None
+    if stdin_data is not None:
+        try:
+            popen.stdin.write(stdin_data)
+            popen.stdin.close()
+        except OSError:
+            pass  # it died at once: its output says why, and the controller reports it
     return Started(label=label, popen=popen, node_ranks=node_ranks)

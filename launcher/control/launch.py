@@ -25,10 +25,15 @@ def launch(plan: JobPlan, environ: dict[str, str]) -> int:
     environ = dict(environ)
     env = runner.runner_env(plan, environ) if hasattr(runner, "runner_env") else environ
 
+    controller = Controller(plan, delivery=runner.SECRET_DELIVERY)
+    credentials = controller.credentials
+
     def start(endpoint: ControlEndpoint) -> list[Started]:
         commands = runner.render(plan, endpoint)
-        if getattr(runner, "PER_NODE", False):
-            return [spawn_runner(f"{runner.LABEL} {node.host}", argv, env, (node.node_rank,))
+        if getattr(runner, "PER_NODE", False):  # ssh: each node's key on its own connection's stdin
+            return [spawn_runner(f"{runner.LABEL} {node.host}", argv, env, (node.node_rank,),
+                                 stdin_data=credentials.stdin_for(node.node_rank))
                     for node, argv in zip(plan.nodes, commands)]
-        return [spawn_runner(runner.LABEL, commands[0], env, tuple(n.node_rank for n in plan.nodes))]
-    return Controller(plan).run(start)
+        return [spawn_runner(runner.LABEL, commands[0], {**env, **credentials.runner_env()},
+                             tuple(n.node_rank for n in plan.nodes))]
+    return controller.run(start)

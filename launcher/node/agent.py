@@ -1,9 +1,11 @@
-"""The per-node agent: `python -m launcher.agent --connect HOST:PORT --token T --node-rank N`.
+"""The per-node agent: `python -m launcher.agent --connect HOST:PORT --secret stdin --node-rank N`.
 
 Started on every node by the runner (ssh, pdsh, mpirun, srun). It dials dslaunch,
 receives its node's part of the plan, starts and supervises the ranks, streams their
 output back, and stops them when told to, when a rank fails, or when dslaunch goes
 silent or away (its socket closes when dslaunch dies, even by SIGKILL). Torch-free.
+Its key is never on its command line (`--secret stdin` or `env:VAR`), except pdsh's
+one-time `--ticket`; it answers dslaunch's challenge with an HMAC (launcher/handshake.py).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import sys
 import threading
 import time
 
+from launcher.handshake import proof, read_agent_key
 from launcher.node.ranks import rank_specs
 from launcher.node.supervisor import Supervisor
 from launcher.planning.render import ranks_from_json
@@ -44,10 +47,10 @@ def connect(address: str, timeout: float = 30.0) -> Channel:
 class Agent:
     """One node's life: hello, plan, run, report, done."""
 
-    def __init__(self, channel: Channel, node_rank: int, token: str):
+    def __init__(self, channel: Channel, node_rank: int, key: str):
         self.channel = channel
         self.node_rank = node_rank
-        self.token = token
+        self.key = key
         self.supervisor: Supervisor | None = None
         self.last_heard = time.monotonic()
         self.heartbeat_timeout = 10.0
@@ -55,8 +58,12 @@ class Agent:
         self.listener = None  # node 0's rendezvous listener while the preflight runs
 
     def run(self) -> int:
-        self.channel.send({"type": "hello", "token": self.token, "node_rank": self.node_rank,
-                           "hostname": socket.gethostname(), "pid": os.getpid()})
+        challenge = self.channel.recv()
+        if not challenge or challenge.get("type") != "challenge":
+            print("dslaunch agent: dslaunch did not send a challenge; is this dslaunch's port?", file=sys.stderr)
+            return 1
+        self.channel.send({"type": "hello", "proof": proof(self.key, str(challenge["nonce"]), self.node_rank),
+                           "node_rank": self.node_rank, "hostname": socket.gethostname(), "pid": os.getpid()})
         plan = self._wait_for_plan()
         if plan is None:
             return 1
@@ -155,17 +162,23 @@ class Agent:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.agent", description=__doc__.splitlines()[0])
     parser.add_argument("--connect", required=True, help="HOST:PORT of dslaunch's control channel")
-    parser.add_argument("--token", required=True)
+    parser.add_argument("--secret", help="where the key is: 'stdin' (ssh) or 'env:VAR' (srun, mpirun)")
+    parser.add_argument("--ticket", help="pdsh's one-time ticket (accepted once per node, from its address)")
     parser.add_argument("--node-rank", required=True, help="N, or env:VAR")
     args = parser.parse_args(argv)
     node_rank = resolve_node_rank(args.node_rank, dict(os.environ))
+    try:
+        key = read_agent_key(args.secret, args.ticket, sys.stdin, os.environ)  # ranks never inherit it
+    except ValueError as exc:
+        print(f"dslaunch agent on {socket.gethostname()}: {exc}", file=sys.stderr)
+        return 1
     try:
         channel = connect(args.connect)
     except OSError as exc:
         print(f"dslaunch agent on {socket.gethostname()}: cannot reach dslaunch at {args.connect}: {exc}",
               file=sys.stderr)
         return 1
-    agent = Agent(channel, node_rank, args.token)
+    agent = Agent(channel, node_rank, key)
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, lambda s, _f: agent.stop(signal.Signals(s).name, signal.SIGTERM))
     return agent.run()

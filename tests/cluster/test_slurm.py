@@ -142,3 +142,33 @@ def test_the_agents_check_their_nodes_under_slurm_too(slurm, cluster, tmp_path):
     assert done.returncode == 3, done.stdout + done.stderr
     assert "port 29531 is taken on node1" in done.stderr
     assert marker not in done.stdout  # no rank ran
+
+
+def test_the_agents_key_is_on_no_command_line_under_slurm(slurm):
+    """srun carries $DSLAUNCH_AGENT_SECRET in the tasks' environment; no process shows it (issue 18)."""
+    argv = ["salloc", "--quiet", "--immediate=30", "--time=5", "-N2", "--ntasks-per-node=1",
+            sys.executable, "-m", "launcher", "--launcher", "slurm", "--no-preflight", RANKS, "nap", "5"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=slurm)
+    try:
+        rank_pids, end = [], time.time() + 60
+        while len(rank_pids) < 2 and time.time() < end:
+            match = re.search(r"\] pid (\d+) rank", proc.stdout.readline())
+            if match:
+                rank_pids.append(int(match.group(1)))
+        lines = {p.pid: p.info["cmdline"] or [] for p in psutil.process_iter(["cmdline"])}
+        agents = [pid for pid, cmd in lines.items() if cmd[1:4] == ["-u", "-m", "launcher.agent"]]
+        keys = {_environ(pid).get("DSLAUNCH_AGENT_SECRET") for pid in agents}
+        assert len(agents) == 2 and len(keys) == 1 and None not in keys, (agents, keys)
+        key = keys.pop()
+        assert [cmd for cmd in lines.values() if key in " ".join(cmd)] == []
+        assert all("DSLAUNCH_AGENT_SECRET" not in _environ(pid) for pid in rank_pids)
+    finally:
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out + err
+    assert out.count("rested") == 2, out
+
+
+def _environ(pid: int) -> dict:
+    with open(f"/proc/{pid}/environ", "rb") as handle:
+        items = handle.read().decode("utf-8", "replace").split("\0")
+    return dict(item.split("=", 1) for item in items if "=" in item)

@@ -4,6 +4,7 @@
   fail R CODE    rank R exits with CODE after 0.5 s; others sleep 60 s
   sleep          every rank sleeps 60 s, printing its pid (SIGINT prints 'interrupted')
   kill9 R        rank R kills itself with SIGKILL
+  nap S          every rank sleeps S seconds, then prints 'rested' and exits 0
 """
 import json
 import os
@@ -32,6 +33,9 @@ elif mode == "sleep":
     except KeyboardInterrupt:
         print("interrupted", flush=True)
         sys.exit(1)
+elif mode == "nap":
+    time.sleep(float(args[1]))
+    print("rested", flush=True)
 elif mode == "kill9":
     if rank == int(args[1]):
         time.sleep(0.3)

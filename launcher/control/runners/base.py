@@ -3,14 +3,18 @@ from __future__ import annotations
 
 import shlex
 
+from launcher.handshake import agent_secret_args
 from launcher.planning.plan import JobPlan
 from launcher.wire import ControlEndpoint
 
 
-def agent_argv(plan: JobPlan, endpoint: ControlEndpoint, node_rank: str) -> list[str]:
-    """The per-node agent's argv; `node_rank` may be a literal, '%n' (pdsh) or 'env:VAR'."""
+def agent_argv(plan: JobPlan, endpoint: ControlEndpoint, node_rank: str, delivery: str) -> list[str]:
+    """The per-node agent's argv; `node_rank` may be a literal, '%n' (pdsh) or 'env:VAR'.
+
+    `delivery` (the runner's SECRET_DELIVERY) says where the agent finds its key: never on
+    this line, except pdsh's one-time ticket (launcher/handshake.py)."""
     return [plan.python, "-u", "-m", "launcher.agent", "--connect", endpoint.address(),
-            "--token", endpoint.token, "--node-rank", node_rank]
+            *agent_secret_args(delivery, endpoint.ticket), "--node-rank", node_rank]
 
 
 def remote_shell_command(plan: JobPlan, argv: list[str]) -> str:

@@ -10,6 +10,7 @@ import os
 import shlex
 
 from launcher.control.runners.base import ControlEndpoint, agent_argv, one_command_for_all
+from launcher.handshake import SECRET_ENV
 from launcher.planning.plan import JobPlan
 
 
@@ -21,8 +22,9 @@ def command(plan: JobPlan, endpoint: ControlEndpoint, as_root: bool | None = Non
     ports = {n.ssh_port for n in plan.nodes if n.ssh_port}
     ssh_args = "-o BatchMode=yes" + (f" -p {ports.pop()}" if len(ports) == 1 else "")
     argv += ["--mca", "plm_rsh_args", ssh_args]
+    argv += ["-x", SECRET_ENV]   # the agent's key, through mpirun's own channel (not a command line)
     argv += shlex.split(plan.launcher_args)
-    return argv + agent_argv(plan, endpoint, "env:OMPI_COMM_WORLD_RANK")
+    return argv + agent_argv(plan, endpoint, "env:OMPI_COMM_WORLD_RANK", SECRET_DELIVERY)
 
 
 def render(plan: JobPlan, endpoint: ControlEndpoint) -> list[list[str]]:
@@ -30,3 +32,4 @@ def render(plan: JobPlan, endpoint: ControlEndpoint) -> list[list[str]]:
 
 
 LABEL = "mpirun"   # how the controller names this runner's process
+SECRET_DELIVERY = "env"   # $DSLAUNCH_AGENT_SECRET in mpirun's environment, exported with -x

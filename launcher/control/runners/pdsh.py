@@ -25,7 +25,7 @@ def _ssh_args(plan: JobPlan, environ: dict[str, str]) -> str:
 def command(plan: JobPlan, endpoint: ControlEndpoint) -> list[str]:
     _ssh_args(plan, {})  # refuse what pdsh cannot do before anything starts
     hosts = ",".join(n.ssh_target for n in plan.nodes)
-    line = remote_shell_command(plan, agent_argv(plan, endpoint, "%n"))
+    line = remote_shell_command(plan, agent_argv(plan, endpoint, "%n", SECRET_DELIVERY))
     return ["pdsh", "-S", "-R", "ssh", "-f", "1024", "-w", hosts, *shlex.split(plan.launcher_args), line]
 
 
@@ -38,3 +38,4 @@ def runner_env(plan: JobPlan, environ: dict[str, str]) -> dict[str, str]:
 
 
 LABEL = "pdsh"   # how the controller names this runner's process
+SECRET_DELIVERY = "ticket"   # pdsh has no per-node stdin: a one-time ticket, once per node, from its address

@@ -10,6 +10,7 @@ import shlex
 
 from launcher.control.runners.base import ControlEndpoint, agent_argv, one_command_for_all
 from launcher.errors import UsageError
+from launcher.handshake import SECRET_ENV
 from launcher.planning.plan import JobPlan
 
 
@@ -73,12 +74,24 @@ def expand_tasks_per_node(text: str) -> list[int]:
     return counts
 
 
+def _check_export(user_args: list[str]) -> None:
+    """The agents' key travels in srun's environment: a narrowing --export must keep it."""
+    for index, arg in enumerate(user_args):
+        if arg == "--export" or arg.startswith("--export="):
+            value = arg.partition("=")[2] or (user_args[index + 1] if index + 1 < len(user_args) else "")
+            names = value.split(",")
+            if "ALL" not in names and SECRET_ENV not in names:
+                raise UsageError(f"--launcher_args '{arg}' would keep the agents' key (${SECRET_ENV}) "
+                                 "from reaching them", hint=f"add it: --export={value},{SECRET_ENV}")
+
+
 def command(plan: JobPlan, endpoint: ControlEndpoint) -> list[str]:
+    _check_export(shlex.split(plan.launcher_args))
     nodes = ",".join(n.host for n in plan.nodes)
     argv = ["srun", "--nodes", str(len(plan.nodes)), "--ntasks", str(len(plan.nodes)),
             "--ntasks-per-node", "1", "--nodelist", nodes, "--chdir", plan.workdir,
             *shlex.split(plan.launcher_args)]
-    return argv + agent_argv(plan, endpoint, "env:SLURM_NODEID")
+    return argv + agent_argv(plan, endpoint, "env:SLURM_NODEID", SECRET_DELIVERY)
 
 
 def render(plan: JobPlan, endpoint: ControlEndpoint) -> list[list[str]]:
@@ -86,3 +99,4 @@ def render(plan: JobPlan, endpoint: ControlEndpoint) -> list[list[str]]:
 
 
 LABEL = "srun"   # how the controller names this runner's process
+SECRET_DELIVERY = "env"   # $DSLAUNCH_AGENT_SECRET in srun's environment (srun exports it to the tasks)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from launcher.control.runners.base import ControlEndpoint, agent_argv, remote_shell_command
 from launcher.planning.plan import JobPlan, NodePlan
 
+SECRET_DELIVERY = "stdin"   # the agent reads its node's key from the ssh connection's standard input
 SSH_OPTIONS = ("-o", "BatchMode=yes", "-o", "ConnectTimeout=10")
 
 
@@ -17,7 +18,8 @@ def node_command(plan: JobPlan, node: NodePlan, endpoint: ControlEndpoint) -> li
     argv = ["ssh", *SSH_OPTIONS]
     if node.ssh_port:
         argv += ["-p", str(node.ssh_port)]
-    return argv + [node.ssh_target, remote_shell_command(plan, agent_argv(plan, endpoint, str(node.node_rank)))]
+    agent = agent_argv(plan, endpoint, str(node.node_rank), SECRET_DELIVERY)
+    return argv + [node.ssh_target, remote_shell_command(plan, agent)]
 
 
 def render(plan: JobPlan, endpoint: ControlEndpoint) -> list[list[str]]:

@@ -9,7 +9,9 @@ from launcher.control.runners import pdsh, openmpi, slurm
 from launcher.node.agent import resolve_node_rank
 
 END = ControlEndpoint("10.0.0.9", 4000, "tok")
-AGENT = "/py -u -m launcher.agent --connect 10.0.0.9:4000 --token tok --node-rank"
+AGENT = "/py -u -m launcher.agent --connect 10.0.0.9:4000 --secret stdin --node-rank"   # ssh
+TICKET_AGENT = "/py -u -m launcher.agent --connect 10.0.0.9:4000 --ticket tok --node-rank"   # pdsh
+ENV_AGENT = "/py -u -m launcher.agent --connect 10.0.0.9:4000 --secret env:DSLAUNCH_AGENT_SECRET --node-rank"
 
 
 def plan(text="w0 slots=2\nme@w1:2200 slots=2\n", **kw):
@@ -33,7 +35,7 @@ def test_ssh_port_option_applies_to_every_host():
 def test_pdsh_golden_and_args_append_is_kept():
     p = plan("w0 slots=2\nw1 slots=2\n", ssh_port=2222, launcher_args="-u 30")
     assert pdsh.render(p, END)[0] == ["pdsh", "-S", "-R", "ssh", "-f", "1024", "-w", "w0,w1", "-u", "30",
-                                      f"cd '/work dir' && exec {AGENT} %n"]
+                                      f"cd '/work dir' && exec {TICKET_AGENT} %n"]
     env = pdsh.runner_env(p, {"PDSH_SSH_ARGS_APPEND": "-vv"})
     assert env["PDSH_SSH_ARGS_APPEND"] == "-vv -o BatchMode=yes -p 2222"
     assert env["PDSH_RCMD_TYPE"] == "ssh"
@@ -48,8 +50,8 @@ def test_openmpi_golden_honours_include():
     p = plan("w0 slots=2\nw1 slots=2\nw2 slots=2\n", include="w0@w2:1", launcher_args="--mca btl tcp,self")
     assert openmpi.command(p, END, as_root=False) == [
         "mpirun", "-np", "2", "-H", "w0:1,w2:1", "--bind-to", "none", "--wdir", "/work dir",
-        "--mca", "plm_rsh_args", "-o BatchMode=yes", "--mca", "btl", "tcp,self",
-        *AGENT.split(), "env:OMPI_COMM_WORLD_RANK"]
+        "--mca", "plm_rsh_args", "-o BatchMode=yes", "-x", "DSLAUNCH_AGENT_SECRET", "--mca", "btl", "tcp,self",
+        *ENV_AGENT.split(), "env:OMPI_COMM_WORLD_RANK"]
     assert openmpi.command(p, END, as_root=True)[1] == "--allow-run-as-root"
     assert [len(n.ranks) for n in p.nodes] == [2, 1]
 
@@ -58,7 +60,20 @@ def test_slurm_golden():
     p = plan("gn01 slots=4\ngn02 slots=4\n")
     assert slurm.render(p, END)[0] == [
         "srun", "--nodes", "2", "--ntasks", "2", "--ntasks-per-node", "1", "--nodelist", "gn01,gn02",
-        "--chdir", "/work dir", *AGENT.split(), "env:SLURM_NODEID"]
+        "--chdir", "/work dir", *ENV_AGENT.split(), "env:SLURM_NODEID"]
+
+
+@pytest.mark.parametrize("args, ok", [
+    ("--export=ALL,FOO=1", True), ("--export=NONE,DSLAUNCH_AGENT_SECRET", True), ("--export NONE", False),
+    ("--export=NONE", False), ("--export=PATH,HOME", False), ("--mpi=pmix", True),
+])
+def test_slurm_export_must_keep_the_agents_key(args, ok):
+    p = plan("gn01 slots=1\ngn02 slots=1\n", launcher_args=args)
+    if ok:
+        assert "env:DSLAUNCH_AGENT_SECRET" in slurm.render(p, END)[0]
+    else:
+        with pytest.raises(UsageError, match="keep the agents' key"):
+            slurm.render(p, END)
 
 
 @pytest.mark.parametrize("text, hosts", [
