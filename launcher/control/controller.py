@@ -20,7 +20,7 @@ from typing import Callable
 
 from launcher import console
 from launcher.control.check import preflight_failed
-from launcher.errors import EXIT_SIGINT, LaunchError
+from launcher.errors import EXIT_NODE_LOST, EXIT_SIGINT, LaunchError
 from launcher.node.netinfo import local_address_toward
 from launcher.node.process import RankExit, RankOutput, stop_processes
 from launcher.planning.plan import JobPlan, with_master_port
@@ -261,8 +261,8 @@ class Controller:
             return failure.exit_code if failure.rank >= 0 else 1
         if lost is not None:
             console.say(f"{lost} stopped answering for {self.plan.heartbeat_timeout:.0f} s "
-                        f"(network cut or host down); every other node was stopped")
-            return 1
+                        f"(network cut or host down); every other node was stopped (exit code {EXIT_NODE_LOST})")
+            return EXIT_NODE_LOST
         if interrupted is not None:
             console.say(f"stopped by {interrupted}; every rank on every node was stopped")
             return EXIT_SIGINT if interrupted == "SIGINT" else 128 + signal.SIGTERM

@@ -10,6 +10,8 @@ import time
 import psutil
 import pytest
 
+from launcher.errors import EXIT_NODE_LOST
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RANKS = os.path.join(ROOT, "tests", "scripts", "ranks.py")
 CLUSTER = os.path.join(ROOT, "scripts", "local-cluster")
@@ -157,7 +159,7 @@ def test_node_whose_network_is_cut_ends_the_job(hosts):
         took = time.monotonic() - began
     finally:
         subprocess.run([CLUSTER, "heal", "2"], check=True, capture_output=True)
-    assert proc.returncode != 0
+    assert proc.returncode == EXIT_NODE_LOST == 75, err  # its own documented code, not a rank's 1
     assert "node 1 (node2) stopped answering" in err
     assert took < 15, took
     deadline = time.monotonic() + 10
