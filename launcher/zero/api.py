@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from launcher.zero import failure
 from launcher.zero.config import load_config
 from launcher.zero.dist import DistContext, context_from_group, init_distributed
 from launcher.zero.engine import EngineParts, ZeroEngine
@@ -32,11 +33,12 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     callables receiving the parameters / the optimizer; they win over the config's sections.
     ``process_group``: run on this group instead of starting torch.distributed from the env.
     """
+    environ = dict(os.environ)   # the rank's environment, read once here and passed on
+    failure.install(_rank_of(environ), environ)
     if model is None:
         raise ConfigError("zero.initialize: model is required", hint="zero.initialize(model=model, config=...)")
     if mpu is not None:
         raise ConfigError("zero.initialize: model parallelism (mpu) is not supported", hint="remove mpu=")
-    environ = dict(os.environ)   # the rank's environment, read once here and passed on
     source = _config_source(config, config_params, args, environ.get("DSLAUNCH_CONFIG"))
     dist_context = context_from_group(process_group) if process_group is not None else init_distributed(env=environ)
     cfg = load_config(source, world_size=dist_context.world_size)
@@ -68,6 +70,11 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
                                     dist=dist_context, precision=precision, strategy=strategy,
                                     loss_scaler=scaler, monitor=monitor, dataloader=dataloader))
     return engine, optimizer, dataloader, scheduler
+
+
+def _rank_of(environ: dict[str, str]) -> int:
+    value = environ.get("RANK", "0")
+    return int(value) if value.isdigit() else 0
 
 
 def _config_source(config, config_params, args, launcher_config: str | None) -> Any:
