@@ -28,7 +28,7 @@ def run_local(plan: JobPlan, environ: dict[str, str], grace: float = 3.0) -> int
 
 def finish(result) -> int:
     if result.first_failure is not None:
-        console.say(console.failure_summary(result.first_failure))
+        console.say(console.failure_summary(result.first_failure, exits=result.exits))
         return result.first_failure.exit_code
     if result.stopped_by is not None:
         console.say(f"stopped by {result.stopped_by}; every rank was stopped")
