@@ -139,6 +139,14 @@ def test_dry_run_validates_the_engine_config_against_the_world_size(run, tmp_pat
     assert result.exit_code == 2 and message in result.output
 
 
+def test_dry_run_checks_the_optimizer_as_initialize_does_naming_the_file(run, tmp_path):
+    path = write(tmp_path, "ds.json", '{"train_batch_size": 8, "optimizer": {"type": "AdamWW", "params": {}}}')
+    result = run("--num_gpus", "2", "--dry-run", "--config", path, "train.py")
+    assert result.exit_code == 2, result.output
+    assert f"config error: {path}: optimizer.type: unknown optimizer 'AdamWW'" in result.output
+    assert "did you mean 'AdamW'?" in result.output
+
+
 def test_dry_run_accepts_a_good_config(run, tmp_path):
     path = write(tmp_path, "ds.json", '{"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2}')
     result = run("--num_gpus", "2", "--dry-run", "--json", "--config", path, "train.py")
