@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import time
 from pathlib import Path
 
@@ -97,7 +98,8 @@ def get_batch(data: torch.Tensor, batch: int, block: int, generator: torch.Gener
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=str(HERE / "configs" / "zero2.json"), help="engine config (JSON/YAML)")
+    parser.add_argument("--config", default=None,
+                        help="engine config (JSON/YAML); default: dslaunch --config, else configs/zero2.json")
     parser.add_argument("--local_rank", type=int, default=0, help="set by the launcher (zero reads LOCAL_RANK)")
     parser.add_argument("--steps", type=int, default=150, help="optimizer steps")
     parser.add_argument("--block_size", type=int, default=64)
@@ -111,7 +113,9 @@ def main() -> None:
     split = int(0.9 * len(data))
     train, val = data[:split], data[split:]
     model = GPT(vocab=len(chars), block_size=args.block_size)
-    engine, _, _, _ = zero.initialize(model=model, model_parameters=param_groups(model), config=args.config)
+    # no --config: the engine takes dslaunch's --config (DSLAUNCH_CONFIG), else our stage-2 default
+    config = args.config or (None if os.environ.get("DSLAUNCH_CONFIG") else str(HERE / "configs" / "zero2.json"))
+    engine, _, _, _ = zero.initialize(model=model, model_parameters=param_groups(model), config=config)
     rank, micro = engine.global_rank, engine.train_micro_batch_size_per_gpu()
     generator = torch.Generator().manual_seed(args.seed + 1000 * rank)  # each rank its own batches
 

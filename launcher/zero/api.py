@@ -83,11 +83,23 @@ def _config_source(config, config_params, args, launcher_config: str | None) -> 
     if from_args and given is not None and given != from_args:
         raise ConfigError("zero.initialize: a config came both as config= and as args.deepspeed_config "
                           f"({from_args})", hint="pass one of them (DeepSpeed refuses both too)")
+    from_script = given if given is not None else from_args
+    if launcher_config and from_script not in (None, "") and not _same_file(from_script, launcher_config):
+        # an ignored `dslaunch --config` would train with a config the user did not ask for
+        shown = from_script if isinstance(from_script, (str, os.PathLike)) else "a dict"
+        raise ConfigError(f"two configs: dslaunch --config {launcher_config} and the script's {shown}",
+                          hint="drop dslaunch --config, or let the script pass config=None to use it")
     for candidate in (config, config_params, from_args, launcher_config):
         if candidate is not None and candidate != "":
             return candidate
     raise ConfigError("zero.initialize: no config given",
                       hint='pass config="ds_config.json" (or a dict), or launch with dslaunch --config PATH')
+
+
+def _same_file(source, path: str) -> bool:
+    if not isinstance(source, (str, os.PathLike)):
+        return False
+    return os.path.realpath(os.fspath(source)) == os.path.realpath(path)
 
 
 def _build_optimizer(optimizer, params, cfg, dist_context: DistContext) -> torch.optim.Optimizer:
