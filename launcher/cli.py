@@ -56,7 +56,7 @@ class BoundaryCommand(click.Command):
       help="DeepSpeed hostfile ('host slots=N' lines). Default /job/hostfile when present.")
 @_opt("-i", "--include", "include", default=None, metavar="SPEC", help="Use only these hosts/slots: 'w0:0,1@w1'.")
 @_opt("-e", "--exclude", "exclude", default=None, metavar="SPEC", help="Leave out these hosts/slots.")
-@_opt("--num_nodes", "num_nodes", type=int, default=None, help="Use the first N nodes.")
+@_opt("--num_nodes", "--nnodes", "num_nodes", type=int, default=None, help="Use the first N nodes.")
 @_opt("--num_gpus", "--nproc_per_node", "--num_accelerators", "num_gpus", type=int, default=None,
       help="Use the first N slots of each node (CPU ranks when there is no GPU).")
 @_opt("--master_addr", "master_addr", default=None, help="Rendezvous address (default: the first node's).")
@@ -72,7 +72,8 @@ class BoundaryCommand(click.Command):
 @_opt("--no_local_rank", "no_local_rank", is_flag=True, help="Do not append --local_rank=N.")
 @_opt("--as-deepspeed", "--as_deepspeed", "as_deepspeed", is_flag=True,
       help="Run a DeepSpeed script unchanged: its `import deepspeed` gets dslaunch's engine.")
-@_opt("--log_dir", "log_dir", default=None, metavar="DIR", help="Also write DIR/rank_<R>.log on each node.")
+@_opt("--log_dir", "--enable_each_rank_log", "log_dir", default=None, metavar="DIR",
+      help="Also write DIR/rank_<R>.log on each node.")
 @_opt("--remote_python", "remote_python", default=None, help="Python on the other nodes (default: this one).")
 @_opt("--workdir", "workdir", default=None, help="Working directory on every node (default: this one).")
 @_opt("--heartbeat_timeout", "heartbeat_timeout", type=float, default=10.0, show_default=True,
@@ -84,6 +85,12 @@ class BoundaryCommand(click.Command):
 @_opt("--no-preflight", "--no_ssh_check", "no_preflight", is_flag=True,
       help="Skip the checks before a multi-node launch.")
 @_opt("--debug", "debug", is_flag=True, help="Show tracebacks.")
+@_opt("--force_multi", "force_multi", is_flag=True, help="Start agents (ssh/pdsh) even for this machine alone.")
+@_opt("--standalone", "standalone", is_flag=True, help="torchrun's: this machine only, on a free master port.")
+@_opt("--node_rank", "node_rank", type=int, default=None, hidden=True)
+@_opt("--tee", "tee", default=None, hidden=True)
+@_opt("--redirects", "-r", "redirects", default=None, hidden=True)
+@_opt("--bind_cores_to_rank", "bind_cores_to_rank", is_flag=True, hidden=True)
 @click.version_option(__version__, "--version", prog_name="dslaunch")
 @click.argument("script", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
@@ -96,7 +103,8 @@ def command(**flags):
     dslaunch --hostfile hosts --check
     """
     from launcher.app import Mode, options_from_flags, run
-    sys.exit(run(options_from_flags(flags), Mode.from_flags(flags)))
+    from launcher.habits import translate_habits
+    sys.exit(run(options_from_flags(translate_habits(flags)), Mode.from_flags(flags)))
 
 
 def main(argv: list[str] | None = None) -> None:

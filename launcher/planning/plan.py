@@ -45,6 +45,7 @@ class LaunchOptions:
     workdir: str | None = None
     heartbeat_timeout: float = 10.0
     no_preflight: bool = False
+    force_multi: bool = False       # DeepSpeed's: start agents (ssh/pdsh) even for this machine alone
 
 
 @dataclass(frozen=True)
@@ -186,7 +187,7 @@ def _choose_launcher(options: LaunchOptions, hosts: list[Host], all_local: bool,
             raise UsageError(f"--launcher local cannot start ranks on other hosts: {', '.join(remote)}",
                              hint="use --launcher ssh or pdsh, or --include only this machine")
         return options.launcher
-    if all_local:
+    if all_local and not options.force_multi:
         return "local"
     return "pdsh" if machine.pdsh_available else "ssh"
 

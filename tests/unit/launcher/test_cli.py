@@ -60,7 +60,7 @@ def test_dry_run_text(run):
     (["--dry-run", "nope.py"], "script 'nope.py' not found"),
     (["--dry-run"], "missing SCRIPT"),
     (["-i", "localhost", "--num_gpus", "1", "--dry-run", "train.py"], "cannot be combined"),
-    (["-i", "ghost", "--dry-run", "train.py"], "host 'ghost' is not in the hostfile"),
+    (["-i", "ghost", "--dry-run", "train.py"], "host 'ghost' is unknown: without a hostfile only this machine"),
     (["--json", "train.py"], "--json goes with"),
     (["--env", "NOEQUALS", "--dry-run", "train.py"], "expected KEY=VALUE"),
     (["--launcher", "nope", "train.py"], "Invalid value for '--launcher'"),
