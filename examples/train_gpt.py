@@ -116,6 +116,7 @@ def main() -> None:
     # no --config: the engine takes dslaunch's --config (DSLAUNCH_CONFIG), else our stage-2 default
     config = args.config or (None if os.environ.get("DSLAUNCH_CONFIG") else str(HERE / "configs" / "zero2.json"))
     engine, _, _, _ = zero.initialize(model=model, model_parameters=param_groups(model), config=config)
+    engine.total_steps = args.steps   # the progress line shows step=N/total and an ETA
     rank, micro = engine.global_rank, engine.train_micro_batch_size_per_gpu()
     generator = torch.Generator().manual_seed(args.seed + 1000 * rank)  # each rank its own batches
 

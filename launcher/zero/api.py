@@ -16,7 +16,7 @@ from launcher.zero.dist import DistContext, context_from_group, init_distributed
 from launcher.zero.engine import EngineParts, ZeroEngine
 from launcher.zero.errors import ConfigError
 from launcher.zero.loss_scaler import LossScaler, rules_from_config
-from launcher.zero.monitor import Monitor
+from launcher.zero.monitor import Monitor, ready_line
 from launcher.zero.optim import build_optimizer, check_zero_support
 from launcher.zero.precision import precision_policy
 from launcher.zero.sched import build_scheduler
@@ -46,6 +46,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     model.to(device=dist_context.device, dtype=precision.param_dtype)
 
     params = list(model_parameters) if model_parameters is not None else list(model.parameters())
+    param_count = sum(p.numel() for p in model.parameters())   # before stage 3 partitions them
     optimizer = _build_optimizer(optimizer, params, cfg, dist_context)
     check_zero_support(optimizer, cfg.zero_stage, cfg.zero_allow_untested_optimizer)
     handles_comm = bool(getattr(optimizer, "handles_gradient_communication", False))
@@ -69,7 +70,18 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     engine = ZeroEngine(EngineParts(module=model, optimizer=optimizer, lr_scheduler=scheduler, config=cfg,
                                     dist=dist_context, precision=precision, strategy=strategy,
                                     loss_scaler=scaler, monitor=monitor, dataloader=dataloader))
+    _say_ready(engine, monitor, param_count)
     return engine, optimizer, dataloader, scheduler
+
+
+def _say_ready(engine: ZeroEngine, monitor: Monitor, param_count: int) -> None:
+    """The first line, before the first step: stage, precision, world size and bytes per rank."""
+    cfg = engine.config
+    precision = "fp16" if cfg.fp16.enabled else "bf16" if cfg.bf16.enabled else "fp32"
+    monitor.log(ready_line(cfg.zero_stage, precision, engine.dist.world_size, param_count, engine.memory_breakdown()))
+    if precision != "fp32" and engine.dist.device.type == "cpu":
+        monitor.log(f"{precision} on CPU: most CPUs have no fast {precision} matrix kernels, so steps can run several "
+                    f"times slower than fp32; 16-bit precision pays off on a GPU")
 
 
 def _rank_of(environ: dict[str, str]) -> int:

@@ -1,5 +1,8 @@
 """The README's example script as a new user runs it: dslaunch's --config reaches it."""
+import json
 import os
+
+import pytest
 
 from tests.helpers.world import REPO, check, run_world
 
@@ -21,3 +24,21 @@ def test_two_different_configs_are_refused_not_one_silently_ignored():
                         launcher_args=("--config", ZERO1))
     assert results[0].returncode == 2
     assert "two configs: dslaunch --config" in results[0].stderr and "Traceback" not in results[0].stderr
+
+
+def test_a_ready_line_first_then_parsable_progress_lines(tmp_path):
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"train_micro_batch_size_per_gpu": 4, "steps_per_print": 2,
+                                  "zero_optimization": {"stage": 2},
+                                  "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}))
+    results = check(run_world(SCRIPT, 2, "--steps", "4", "--block_size", "16", launcher_args=("--config", str(config))))
+    lines = [line for line in results[0].stdout.splitlines() if line.startswith("[zero] ")]
+    assert lines[0].startswith("[zero] ready stage=2 precision=fp32 world_size=2 params=")
+    assert "memory_per_rank_mib=" in lines[0]
+    progress = [dict(t.split("=", 1) for t in line.split()[2:]) for line in lines if line.startswith("[zero] progress ")]
+    assert [p["step"] for p in progress] == ["2/4", "4/4"]
+    first = progress[0]
+    assert {"loss", "lr", "loss_scale", "samples/s", "tokens/s", "elapsed", "eta"} <= set(first)
+    assert float(first["tokens/s"]) == pytest.approx(float(first["samples/s"]) * 16, rel=0.01, abs=1)
+    assert "eta" not in progress[1]   # done
+    assert not any(line.startswith("[zero] ") for line in results[1].stdout.splitlines())   # rank 0 speaks
