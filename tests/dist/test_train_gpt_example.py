@@ -42,3 +42,19 @@ def test_a_ready_line_first_then_parsable_progress_lines(tmp_path):
     assert float(first["tokens/s"]) == pytest.approx(float(first["samples/s"]) * 16, rel=0.01, abs=1)
     assert "eta" not in progress[1]   # done
     assert not any(line.startswith("[zero] ") for line in results[1].stdout.splitlines())   # rank 0 speaks
+
+
+def test_resume_continues_from_the_latest_checkpoint(tmp_path):
+    save = str(tmp_path / "ckpt")
+    check(run_world(SCRIPT, 2, "--steps", "2", "--block_size", "16", "--save_dir", save))
+    resumed = check(run_world(SCRIPT, 2, "--steps", "4", "--block_size", "16", "--save_dir", save, "--resume"))
+    out = resumed[0].stdout
+    assert "[train_gpt] resumed from" in out and "at step 2" in out
+    assert "steps=4" in summary(resumed)   # two more steps, not four
+
+
+def test_the_stage_3_and_offload_example_configs_train():
+    for name, stage in (("zero3.json", 3), ("zero2_offload.json", 2)):
+        config = str(REPO / "examples" / "configs" / name)
+        results = check(run_world(SCRIPT, 2, "--steps", "2", "--block_size", "16", "--config", config))
+        assert f"stage={stage}" in summary(results), name
