@@ -4,7 +4,8 @@ A bad config is the same on every rank, so every rank would print the same 20-li
 Instead rank 0 prints ``dslaunch: config error: <message>`` and its hint and exits with the
 error's code (2); the other ranks wait a moment first, so that the launcher, seeing rank 0 fail,
 stops them before they repeat it. A rank whose error is its own (rank 0 did not fail) still
-says it after that moment. ``DSLAUNCH_DEBUG=1`` keeps Python's traceback.
+says it after that moment. Under a launcher, a KeyboardInterrupt (Ctrl-C, forwarded as SIGINT)
+ends the rank quietly with 130. ``DSLAUNCH_DEBUG=1`` keeps Python's traceback.
 """
 from __future__ import annotations
 
@@ -25,7 +26,11 @@ def install(rank: int, environ: dict[str, str]) -> None:
         return
     previous = sys.excepthook
 
+    under_launcher = "RANK" in environ
+
     def hook(kind, error, traceback) -> None:
+        if under_launcher and isinstance(error, KeyboardInterrupt):
+            os._exit(130)   # Ctrl-C: the launcher says it in one line; no traceback from every rank
         if not isinstance(error, DslaunchError):
             previous(kind, error, traceback)
             return

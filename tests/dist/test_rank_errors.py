@@ -53,3 +53,25 @@ def test_argparse_rejecting_local_rank_points_to_no_local_rank():
     assert "not a dslaunch usage error" in done.stderr
     followed = dslaunch("--num_gpus", "2", "--no_local_rank", PLAIN_ARGPARSE)   # the hint's advice works
     assert followed.returncode == 0 and "hint:" not in followed.stderr, followed.stderr
+
+
+def test_ctrl_c_ends_engine_ranks_quietly_with_one_line_from_dslaunch(tmp_path):
+    import signal
+    import time
+
+    path = write_config(tmp_path, {"train_batch_size": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("DSLAUNCH_DEBUG", None)
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "--master_port", str(free_port()), "--num_gpus", "2",
+                             "--no_local_rank", CONFIG_WORKER, path, "sleep"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    seen = 0
+    deadline = time.monotonic() + 60
+    while seen < 2 and time.monotonic() < deadline:
+        seen += "initialized" in proc.stdout.readline()
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert [line for line in err.splitlines() if "stopped by SIGINT" in line] == \
+        ["dslaunch: stopped by SIGINT; every rank was stopped"]
