@@ -112,6 +112,8 @@ def test_crash_on_node2_stops_node1_within_3s(hosts, launcher):
     ended = time.monotonic() - crashed_at
     assert proc.returncode == 9, err
     assert "rank 3 on node2 exited with code 9" in err and "failing on purpose" in err
+    after_summary = err[err.index("rank 3 on node2 exited with code 9"):]
+    assert f"[{launcher}" not in after_summary, err   # the runner's teardown lines do not bury the summary
     assert ended < 3.0, f"took {ended:.2f} s"
     assert alive(pids) == []
 
@@ -182,5 +184,9 @@ def test_agent_that_cannot_start_is_named_quickly(hosts, launcher):
 def test_preflight_failure_stops_the_launch_before_anything_starts(hosts):
     done = dslaunch("-H", hosts, "--launcher", "ssh", "--remote_python", "/nonexistent/py", RANKS, "echo-args")
     assert done.returncode == 3, done.stderr
-    assert "preflight failed; nothing was started" in done.stderr
+    assert "preflight failed: nothing was started" in done.stderr
+    # said once, with the table: not also as the runner's raw lines or "could not start the agent"
+    assert "could not start the agent" not in done.stderr and "before the agent of" not in done.stderr
+    assert "[ssh " not in done.stderr and done.stderr.count("preflight failed") == 2   # the table's line, ours
+    assert "--no-preflight would not help" in done.stderr
     assert "ARGS" not in done.stdout
