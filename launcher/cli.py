@@ -6,6 +6,7 @@ documented exit code; a traceback appears only with --debug.
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import click
@@ -45,10 +46,22 @@ class BoundaryCommand(click.Command):
             ctx.exit(exc.exit_code)
 
     def main(self, *args, **kwargs):
+        """click's own usage errors in our style: `dslaunch: usage error: ...` and a hint, exit 2."""
+        kwargs["standalone_mode"] = False
         try:
-            return super().main(*args, **kwargs)
+            code = super().main(*args, **kwargs)
         except click.exceptions.Abort:  # pragma: no cover - Ctrl-C while click itself runs
             sys.exit(EXIT_SIGINT)
+        except click.ClickException as exc:
+            click.echo(f"dslaunch: usage error: {_one_name(exc.format_message())}", err=True)
+            click.echo("  hint: dslaunch --help lists every option", err=True)
+            sys.exit(exc.exit_code)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def _one_name(message: str) -> str:
+    """click names an option by all its spellings ('--num_gpus' / '--num-gpus' / ...): keep the first."""
+    return re.sub(r"'(--?[\w-]+)'(?: / '--?[\w-]+')+", r"'\1'", message)
 
 
 @click.command(cls=BoundaryCommand, context_settings={**CONTEXT, "allow_interspersed_args": False})

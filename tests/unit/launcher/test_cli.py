@@ -152,3 +152,12 @@ def test_dry_run_accepts_a_good_config(run, tmp_path):
     result = run("--num_gpus", "2", "--dry-run", "--json", "--config", path, "train.py")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["nodes"][0]["ranks"][0]["env"]["DSLAUNCH_CONFIG"] == path
+
+
+def test_clicks_own_option_errors_are_in_dslaunchs_style(run):
+    for args, says in ((["--nosuch", "train.py"], "No such option '--nosuch'"),
+                       (["--num_gpus", "x", "train.py"], "Invalid value for '--num_gpus': 'x' is not a valid integer")):
+        result = run(*args)
+        assert result.exit_code == 2
+        assert result.output.startswith(f"dslaunch: usage error: {says}"), result.output
+        assert "  hint: dslaunch --help lists every option" in result.output and "Try 'dslaunch" not in result.output
