@@ -190,3 +190,15 @@ def test_preflight_failure_stops_the_launch_before_anything_starts(hosts):
     assert "[ssh " not in done.stderr and done.stderr.count("preflight failed") == 2   # the table's line, ours
     assert "--no-preflight would not help" in done.stderr
     assert "ARGS" not in done.stdout
+
+
+def test_a_config_error_on_two_nodes_is_one_message_for_the_job(hosts, tmp_path):
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"train_batch_size": 4, "zero_optimisation": {"stage": 2},
+                                  "optimizer": {"type": "AdamW", "params": {}}}))
+    worker = os.path.join(ROOT, "tests", "dist", "workers", "config_worker.py")
+    done = dslaunch("-H", hosts, "--launcher", "ssh", "--no-preflight", "--no_local_rank", worker, str(config))
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.count("unknown config key 'zero_optimisation'") == 1, done.stderr
+    assert "[rank 0] dslaunch: config error:" in done.stderr and "did you mean 'zero_optimization'?" in done.stderr
