@@ -58,3 +58,10 @@ def test_the_stage_3_and_offload_example_configs_train():
         config = str(REPO / "examples" / "configs" / name)
         results = check(run_world(SCRIPT, 2, "--steps", "2", "--block_size", "16", "--config", config))
         assert f"stage={stage}" in summary(results), name
+
+
+def test_16_bit_on_cpu_is_said_once_not_left_to_be_found():
+    config = str(REPO / "examples" / "configs" / "zero2_bf16.json")
+    results = check(run_world(SCRIPT, 2, "--steps", "1", "--block_size", "16", "--config", config))
+    warned = [line for r in results for line in r.stdout.splitlines() if "bf16 on CPU" in line]
+    assert len(warned) == 1 and "slower than fp32" in warned[0]
