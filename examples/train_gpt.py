@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import time
 from pathlib import Path
 
@@ -97,23 +98,35 @@ def get_batch(data: torch.Tensor, batch: int, block: int, generator: torch.Gener
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=str(HERE / "configs" / "zero2.json"), help="engine config (JSON/YAML)")
+    parser.add_argument("--config", default=None,
+                        help="engine config (JSON/YAML); default: dslaunch --config, else configs/zero2.json")
     parser.add_argument("--local_rank", type=int, default=0, help="set by the launcher (zero reads LOCAL_RANK)")
     parser.add_argument("--steps", type=int, default=150, help="optimizer steps")
     parser.add_argument("--block_size", type=int, default=64)
     parser.add_argument("--data", default=str(HERE / "data" / "corpus.txt"))
     parser.add_argument("--save_dir", default=None, help="save a checkpoint here at the end")
+    parser.add_argument("--resume", action="store_true", help="first load the latest checkpoint in --save_dir")
     parser.add_argument("--seed", type=int, default=1234)
     args = parser.parse_args()
+    if args.resume and not args.save_dir:
+        parser.error("--resume needs --save_dir (the folder to load the latest checkpoint from)")
 
     torch.manual_seed(args.seed)  # same initial weights on every rank
     data, chars = load_corpus(Path(args.data))
     split = int(0.9 * len(data))
     train, val = data[:split], data[split:]
     model = GPT(vocab=len(chars), block_size=args.block_size)
-    engine, _, _, _ = zero.initialize(model=model, model_parameters=param_groups(model), config=args.config)
+    # no --config: the engine takes dslaunch's --config (DSLAUNCH_CONFIG), else our stage-2 default
+    config = args.config or (None if os.environ.get("DSLAUNCH_CONFIG") else str(HERE / "configs" / "zero2.json"))
+    engine, _, _, _ = zero.initialize(model=model, model_parameters=param_groups(model), config=config)
+    engine.total_steps = args.steps   # the progress line shows step=N/total and an ETA
     rank, micro = engine.global_rank, engine.train_micro_batch_size_per_gpu()
-    generator = torch.Generator().manual_seed(args.seed + 1000 * rank)  # each rank its own batches
+    if args.resume and os.path.isfile(os.path.join(args.save_dir, "latest")):
+        path, _ = engine.load_checkpoint(args.save_dir)
+        if rank == 0:
+            print(f"[train_gpt] resumed from {path} at step {engine.global_steps}")
+    # each rank its own batches; a resumed run draws new ones, not the first steps' again
+    generator = torch.Generator().manual_seed(args.seed + 1000 * rank + engine.global_steps)
 
     first_loss, started = None, time.perf_counter()
     while engine.global_steps < args.steps:

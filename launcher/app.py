@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from launcher import console
 from launcher.control.machine import read_machine
 from launcher.control.runners import get_runner
-from launcher.errors import UsageError
+from launcher.errors import ConfigError, UsageError
 from launcher.planning import redact
 from launcher.planning.hostfile import Host, load_hostfile
 from launcher.planning.plan import JobPlan, LaunchOptions, build_plan
@@ -113,4 +113,9 @@ def _check_config(options: LaunchOptions, plan: JobPlan) -> None:
     if not os.path.isfile(path):
         raise UsageError(f"config '{options.config}' not found")
     from launcher.zero.config import load_config  # torch-free by design
-    load_config(path, world_size=plan.world_size)
+    from launcher.zero.config_checks import check_without_model
+    try:
+        check_without_model(load_config(path, world_size=plan.world_size))
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error.message}" if path not in error.message else error.message,
+                          hint=error.hint) from None

@@ -6,6 +6,7 @@ documented exit code; a traceback appears only with --debug.
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import click
@@ -45,10 +46,22 @@ class BoundaryCommand(click.Command):
             ctx.exit(exc.exit_code)
 
     def main(self, *args, **kwargs):
+        """click's own usage errors in our style: `dslaunch: usage error: ...` and a hint, exit 2."""
+        kwargs["standalone_mode"] = False
         try:
-            return super().main(*args, **kwargs)
+            code = super().main(*args, **kwargs)
         except click.exceptions.Abort:  # pragma: no cover - Ctrl-C while click itself runs
             sys.exit(EXIT_SIGINT)
+        except click.ClickException as exc:
+            click.echo(f"dslaunch: usage error: {_one_name(exc.format_message())}", err=True)
+            click.echo("  hint: dslaunch --help lists every option", err=True)
+            sys.exit(exc.exit_code)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def _one_name(message: str) -> str:
+    """click names an option by all its spellings ('--num_gpus' / '--num-gpus' / ...): keep the first."""
+    return re.sub(r"'(--?[\w-]+)'(?: / '--?[\w-]+')+", r"'\1'", message)
 
 
 @click.command(cls=BoundaryCommand, context_settings={**CONTEXT, "allow_interspersed_args": False})
@@ -56,7 +69,7 @@ class BoundaryCommand(click.Command):
       help="DeepSpeed hostfile ('host slots=N' lines). Default /job/hostfile when present.")
 @_opt("-i", "--include", "include", default=None, metavar="SPEC", help="Use only these hosts/slots: 'w0:0,1@w1'.")
 @_opt("-e", "--exclude", "exclude", default=None, metavar="SPEC", help="Leave out these hosts/slots.")
-@_opt("--num_nodes", "num_nodes", type=int, default=None, help="Use the first N nodes.")
+@_opt("--num_nodes", "--nnodes", "num_nodes", type=int, default=None, help="Use the first N nodes.")
 @_opt("--num_gpus", "--nproc_per_node", "--num_accelerators", "num_gpus", type=int, default=None,
       help="Use the first N slots of each node (CPU ranks when there is no GPU).")
 @_opt("--master_addr", "master_addr", default=None, help="Rendezvous address (default: the first node's).")
@@ -72,7 +85,8 @@ class BoundaryCommand(click.Command):
 @_opt("--no_local_rank", "no_local_rank", is_flag=True, help="Do not append --local_rank=N.")
 @_opt("--as-deepspeed", "--as_deepspeed", "as_deepspeed", is_flag=True,
       help="Run a DeepSpeed script unchanged: its `import deepspeed` gets dslaunch's engine.")
-@_opt("--log_dir", "log_dir", default=None, metavar="DIR", help="Also write DIR/rank_<R>.log on each node.")
+@_opt("--log_dir", "--enable_each_rank_log", "log_dir", default=None, metavar="DIR",
+      help="Also write DIR/rank_<R>.log on each node.")
 @_opt("--remote_python", "remote_python", default=None, help="Python on the other nodes (default: this one).")
 @_opt("--workdir", "workdir", default=None, help="Working directory on every node (default: this one).")
 @_opt("--heartbeat_timeout", "heartbeat_timeout", type=float, default=10.0, show_default=True,
@@ -86,6 +100,12 @@ class BoundaryCommand(click.Command):
 @_opt("--no-preflight", "--no_ssh_check", "no_preflight", is_flag=True,
       help="Skip the checks before a multi-node launch.")
 @_opt("--debug", "debug", is_flag=True, help="Show tracebacks.")
+@_opt("--force_multi", "force_multi", is_flag=True, help="Start agents (ssh/pdsh) even for this machine alone.")
+@_opt("--standalone", "standalone", is_flag=True, help="torchrun's: this machine only, on a free master port.")
+@_opt("--node_rank", "node_rank", type=int, default=None, hidden=True)
+@_opt("--tee", "tee", default=None, hidden=True)
+@_opt("--redirects", "-r", "redirects", default=None, hidden=True)
+@_opt("--bind_cores_to_rank", "bind_cores_to_rank", is_flag=True, hidden=True)
 @click.version_option(__version__, "--version", prog_name="dslaunch")
 @click.argument("script", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
@@ -98,7 +118,8 @@ def command(**flags):
     dslaunch --hostfile hosts --check
     """
     from launcher.app import Mode, options_from_flags, run
-    sys.exit(run(options_from_flags(flags), Mode.from_flags(flags)))
+    from launcher.habits import translate_habits
+    sys.exit(run(options_from_flags(translate_habits(flags)), Mode.from_flags(flags)))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,6 +1,7 @@
 """What dslaunch prints while a job runs: prefixed rank lines and the final summary."""
 from __future__ import annotations
 
+import re
 import sys
 import threading
 
@@ -25,8 +26,16 @@ def scrub(text: str) -> str:
 def print_rank_line(event: RankOutput) -> None:
     stream = sys.stdout if event.stream == "stdout" else sys.stderr
     with _lock:
-        stream.write(f"[rank {event.rank}] {_scrub(event.line)}\n")
+        stream.write(f"[rank {event.rank}] {_scrub(_without_torch_prefix(event))}\n")
         stream.flush()
+
+
+def _without_torch_prefix(event: RankOutput) -> str:
+    """torch.distributed's excepthook prefixes each traceback line with "[rankN]: "; ours says it already."""
+    own = f"[rank{event.rank}]:"
+    if event.line.startswith(own):
+        return event.line[len(own):].removeprefix(" ")
+    return event.line
 
 
 def say(message: str) -> None:
@@ -36,9 +45,47 @@ def say(message: str) -> None:
         sys.stderr.flush()
 
 
-def failure_summary(failure: RankExit, lines: int = 10) -> str:
-    text = f"{failure.describe()} (the first failure; every other rank was stopped)"
-    tail = [line for line in failure.tail if line.strip()][-lines:]
+def failure_summary(failure: RankExit, lines: int = 10, exits: tuple[RankExit, ...] = ()) -> str:
+    """What dslaunch says when a rank failed: which, how, its last lines, and a hint that fits.
+
+    ``exits``: every rank's exit when known (a local job), to say "all N ranks failed the same way".
+    """
+    tail = [line for line in failure.tail if line.strip()]
+    engine_error = next((line for line in reversed(tail) if _ENGINE_ERROR.match(line)), None)
+    if engine_error is not None:   # the rank already said it in one line (launcher/zero/failure.py)
+        kind = _ENGINE_ERROR.match(engine_error).group(1)
+        others = _others(failure, exits) or "; every other rank was stopped"
+        return f"{failure.describe()}: the engine stopped it on a {kind} (the message is above){others}"
+    text = failure.describe()
+    if failure.returncode == 2:
+        text += " (the script's own exit code 2, not a dslaunch usage error)"
+    text += _others(failure, exits) or " (the first failure; every other rank was stopped)"
     if tail:
-        text += f"\nlast lines of rank {failure.rank}:\n" + "\n".join(f"    {line}" for line in tail)
+        text += f"\nlast lines of rank {failure.rank}:\n" + "\n".join(f"    {line}" for line in tail[-lines:])
+    hint = _hint(tail)
+    if hint:
+        text += f"\n  hint: {hint}"
     return text
+
+
+_ENGINE_ERROR = re.compile(r"^dslaunch: ([a-z ]+ error|not supported): ")
+_LOCAL_RANK_REJECTED = re.compile(r"error: unrecognized arguments:.*--local_rank")
+
+
+def _hint(tail: list[str]) -> str | None:
+    if any(_LOCAL_RANK_REJECTED.search(line) for line in tail):
+        return ("the script's argparse rejects the --local_rank=N that dslaunch appends (as DeepSpeed does): "
+                "pass --no_local_rank to dslaunch (the rank still gets LOCAL_RANK in its environment), "
+                "or add parser.add_argument('--local_rank', type=int) to the script")
+    return None
+
+
+def _others(failure: RankExit, exits: tuple[RankExit, ...]) -> str:
+    """ " (all N ranks failed the same way)" when every rank ended as the first failure did."""
+    if len(exits) < 2:
+        return ""
+    last = [line for line in failure.tail if line.strip()][-1:]
+    same = [e for e in exits if e.returncode == failure.returncode and [line for line in e.tail if line.strip()][-1:] == last]
+    if len(same) == len(exits):
+        return f" (all {len(exits)} ranks failed the same way)"
+    return ""

@@ -7,6 +7,9 @@ below it prints or exits. Exit codes are part of the contract (README, CONTRACT.
 EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_PREFLIGHT = 3
+# sysexits' EX_TEMPFAIL: the job did not fail by itself, a node went away; a scheduler may retry it.
+# Rare as a rank's own code, so a wrapper script can tell a lost node from a crash.
+EXIT_NODE_LOST = 75
 EXIT_SIGINT = 130
 
 

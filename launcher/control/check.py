@@ -35,9 +35,16 @@ def run_check(plan: JobPlan, hosts: list[Host] | None, options: LaunchOptions, a
     return 0 if report.ok else EXIT_PREFLIGHT
 
 
+# where these fail the agent cannot start at all, so skipping the checks would not help
+_AGENT_CANNOT_START = ("ssh", "pdsh", "python", "dslaunch")
+
+
 def preflight_failed(report) -> None:
-    """Show the failed checks and stop the launch (exit 3); nothing has started on any node."""
-    console.say("preflight failed; nothing was started on any node:")
+    """Show the failed checks (once: the table) and stop the launch (exit 3); nothing has started."""
     print(console.scrub(report.format_table()), file=sys.stderr)
-    raise PreflightError(f"{len(report.failed_hosts)} host(s) failed the preflight",
-                         hint="fix what the table says, or skip the checks with --no-preflight")
+    failed = {check.name for host in report.failed_hosts for check in host.checks if not check.ok}
+    if failed & set(_AGENT_CANNOT_START):
+        hint = "fix what the table says (--no-preflight would not help: dslaunch cannot start its agent there)"
+    else:
+        hint = "fix what the table says, or skip the checks with --no-preflight"
+    raise PreflightError("nothing was started on any node", hint=hint)

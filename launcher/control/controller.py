@@ -19,7 +19,7 @@ from typing import Callable
 
 from launcher import console
 from launcher.control.check import preflight_failed
-from launcher.errors import EXIT_SIGINT, LaunchError
+from launcher.errors import EXIT_NODE_LOST, EXIT_SIGINT, LaunchError
 from launcher.handshake import Credentials, new_nonce
 from launcher.node.netinfo import local_address_toward
 from launcher.node.process import RankExit, RankOutput, stop_processes
@@ -40,6 +40,7 @@ class Started:
     popen: subprocess.Popen
     node_ranks: tuple[int, ...]
     tail: deque = field(default_factory=lambda: deque(maxlen=20))
+    muted: bool = False   # the job is over: its teardown noise (pdsh's "ssh exited") stays in the tail
 
 
 class Controller:
@@ -110,6 +111,7 @@ class Controller:
         """Start the agents with `start`, run the job, return dslaunch's exit code."""
         started = start(self.endpoint)
         for item in started:
+            item.muted = True   # until every agent is up: a failure to start says it once, with these lines
             threading.Thread(target=_pump_runner, args=(item,), daemon=True).start()
         stop_reason = {"value": None}
         previous = _install_signals(stop_reason)
@@ -144,6 +146,8 @@ class Controller:
                         self._preflight()
                     plan = self._send_plans()
                     plans_sent = True
+                    for item in started:
+                        item.muted = False
             if now >= next_heartbeat:
                 self.broadcast({"type": "heartbeat"})
                 next_heartbeat = now + HEARTBEAT_SECONDS
@@ -164,6 +168,8 @@ class Controller:
             except queue.Empty:
                 continue
             failure = self._handle(node_rank, message, failure)
+        for item in started:   # nothing from the runners after the summary buries it
+            item.muted = True
         return self._exit_code(failure, lost, stop_reason["value"])
 
     def _handle(self, node_rank: int, message: dict, failure: RankExit | None) -> RankExit | None:
@@ -246,8 +252,7 @@ class Controller:
             from launcher.preflight.via_agents import hosts_of, request_for
             report = run_preflight(hosts_of(self.plan), request_for(self.plan))
             if not report.ok:
-                console.say(problem)
-                preflight_failed(report)
+                preflight_failed(report)   # its table says why; the runner's lines would say it again
         raise LaunchError(problem, hint="run 'dslaunch --check' with the same hostfile to see why")
 
     def _startup_problem(self, started: list[Started], deadline: float) -> str | None:
@@ -282,8 +287,8 @@ class Controller:
             return failure.exit_code if failure.rank >= 0 else 1
         if lost is not None:
             console.say(f"{lost} stopped answering for {self.plan.heartbeat_timeout:.0f} s "
-                        f"(network cut or host down); every other node was stopped")
-            return 1
+                        f"(network cut or host down); every other node was stopped (exit code {EXIT_NODE_LOST})")
+            return EXIT_NODE_LOST
         if interrupted is not None:
             console.say(f"stopped by {interrupted}; every rank on every node was stopped")
             return EXIT_SIGINT if interrupted == "SIGINT" else 128 + signal.SIGTERM
@@ -337,7 +342,8 @@ def _pump_runner(item: Started) -> None:
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip("\n")
             item.tail.append(line)
-            console.say(f"[{item.label}] {line}")
+            if not item.muted:
+                console.say(f"[{item.label}] {line}")
 
 
 def _install_signals(stop_reason: dict) -> dict:

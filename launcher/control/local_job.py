@@ -2,15 +2,18 @@
 from __future__ import annotations
 
 import signal
+import socket
 
 from launcher import console
 from launcher.errors import EXIT_SIGINT
 from launcher.node.ranks import rank_specs
 from launcher.node.supervisor import Supervisor
-from launcher.planning.plan import JobPlan
+from launcher.planning.plan import JobPlan, with_master_port
 
 
 def run_local(plan: JobPlan, environ: dict[str, str], grace: float = 3.0) -> int:
+    if plan.master_port == 0:   # --master_port 0 / --standalone: a free port here (the agents do it elsewhere)
+        plan = with_master_port(plan, _free_port())
     specs = []
     for node in plan.nodes:  # several "nodes" here only when a hostfile names this machine twice
         specs += rank_specs(node.ranks, plan.master_addr, plan.workdir, dict(environ))
@@ -28,7 +31,7 @@ def run_local(plan: JobPlan, environ: dict[str, str], grace: float = 3.0) -> int
 
 def finish(result) -> int:
     if result.first_failure is not None:
-        console.say(console.failure_summary(result.first_failure))
+        console.say(console.failure_summary(result.first_failure, exits=result.exits))
         return result.first_failure.exit_code
     if result.stopped_by is not None:
         console.say(f"stopped by {result.stopped_by}; every rank was stopped")
@@ -45,3 +48,9 @@ def _install_signal_handlers(supervisor: Supervisor) -> dict:
             supervisor.request_stop(name, signum)
         previous[signum] = signal.signal(signum, handler)
     return previous
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

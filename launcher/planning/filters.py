@@ -38,8 +38,9 @@ def parse_node_specs(spec: str, option: str) -> dict[str, list[int] | None]:
     return result
 
 
-def apply_include_exclude(pool: Resources, include: str | None, exclude: str | None) -> Resources:
-    """Narrow `pool` by --include or --exclude (mutually exclusive)."""
+def apply_include_exclude(pool: Resources, include: str | None, exclude: str | None,
+                          from_hostfile: bool = True) -> Resources:
+    """Narrow `pool` by --include or --exclude (mutually exclusive); `from_hostfile`: where `pool` came from."""
     if include and exclude:
         raise FilterError("--include and --exclude are mutually exclusive", hint="use one of them")
     if not include and not exclude:
@@ -48,8 +49,10 @@ def apply_include_exclude(pool: Resources, include: str | None, exclude: str | N
     specs = parse_node_specs(include or exclude, option)
     for name, slots in specs.items():
         if name not in pool:
-            raise FilterError(f"{option}: host '{name}' is not in the hostfile",
-                              hint="hosts: " + ", ".join(pool))
+            if from_hostfile:
+                raise FilterError(f"{option}: host '{name}' is not in the hostfile", hint="hosts: " + ", ".join(pool))
+            raise FilterError(f"{option}: host '{name}' is unknown: without a hostfile only this machine "
+                              f"({', '.join(pool)}) is used", hint="name the hosts in a hostfile and pass -H HOSTFILE")
         for slot in slots or []:
             if slot not in pool[name]:
                 raise FilterError(f"{option}: host '{name}' has no slot {slot}",

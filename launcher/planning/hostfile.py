@@ -60,6 +60,19 @@ def parse_hostfile(text: str, path: str = "<hostfile>") -> list[Host]:
     return hosts
 
 
+def _slots_hint(tokens: list[str]) -> str:
+    """A hint that fits the mistake: spaces around '=', or another key than 'slots'."""
+    first = tokens[0]
+    if first in ("slots", "slots=", "=") or first.startswith("=") or (len(tokens) > 1 and tokens[1].startswith("=")):
+        return "write 'slots=N' with no spaces around '='"
+    key, equals, value = first.partition("=")
+    if equals:
+        return f"the key is 'slots': write 'slots={value or 'N'}'" + (f" (not '{key}')" if key else "")
+    if first.isdigit():
+        return f"write 'slots={first}'"
+    return "write 'HOST slots=N', e.g. 'worker-0 slots=8'"
+
+
 def _parse_line(line: str, path: str, number: int) -> Host:
     where = f"{path}:{number}"
     tokens = line.split("#", 1)[0].split()
@@ -73,7 +86,7 @@ def _parse_line(line: str, path: str, number: int) -> Host:
     slots_match = _SLOTS_RE.match(tokens[1])
     if not slots_match:
         raise HostfileError(f"{where}: bad line '{line}': expected 'slots=N' after the host, got '{tokens[1]}'",
-                            hint="write 'slots=N' with no spaces around '='")
+                            hint=_slots_hint(tokens[1:]))
     value = slots_match.group("value")
     if not value.isdigit() or int(value) < 1:
         raise HostfileError(f"{where}: slots must be a whole number >= 1, got '{value}'",

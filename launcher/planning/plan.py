@@ -45,6 +45,7 @@ class LaunchOptions:
     workdir: str | None = None
     heartbeat_timeout: float = 10.0
     no_preflight: bool = False
+    force_multi: bool = False       # DeepSpeed's: start agents (ssh/pdsh) even for this machine alone
 
 
 @dataclass(frozen=True)
@@ -102,11 +103,12 @@ def build_plan(hosts: list[Host] | None, options: LaunchOptions, machine: Machin
     """The whole job: which slots, which rank numbers, what each rank runs and sees."""
     _check_options(options)
     notes: list[str] = []
+    from_hostfile = hosts is not None
     if hosts is None:
         hosts, local_notes = _local_hosts(options, machine)
         notes += local_notes
     pool = {h.name: _slot_ids(h, hosts, machine) for h in hosts}
-    resources = apply_include_exclude(pool, options.include, options.exclude)
+    resources = apply_include_exclude(pool, options.include, options.exclude, from_hostfile)
     resources = apply_counts(resources, options.num_nodes, options.num_gpus)
     by_name = {h.name: h for h in hosts}
     chosen = [by_name[name] for name in resources]
@@ -168,7 +170,7 @@ def _local_hosts(options: LaunchOptions, machine: Machine) -> tuple[list[Host], 
     if machine.gpu_ids:
         return [Host("localhost", len(machine.gpu_ids))], []
     count = options.num_gpus or 1
-    note = f"no GPU found: starting {count} CPU rank(s) (use gloo)"
+    note = f"no GPU found: starting {count} CPU rank(s), which talk over gloo"
     return [Host("localhost", count)], [note]
 
 
@@ -185,7 +187,7 @@ def _choose_launcher(options: LaunchOptions, hosts: list[Host], all_local: bool,
             raise UsageError(f"--launcher local cannot start ranks on other hosts: {', '.join(remote)}",
                              hint="use --launcher ssh or pdsh, or --include only this machine")
         return options.launcher
-    if all_local:
+    if all_local and not options.force_multi:
         return "local"
     return "pdsh" if machine.pdsh_available else "ssh"
 

@@ -10,12 +10,13 @@ from typing import Any
 
 import torch
 
+from launcher.zero import failure
 from launcher.zero.config import load_config
 from launcher.zero.dist import DistContext, context_from_group, init_distributed
 from launcher.zero.engine import EngineParts, ZeroEngine
 from launcher.zero.errors import ConfigError
 from launcher.zero.loss_scaler import LossScaler, rules_from_config
-from launcher.zero.monitor import Monitor
+from launcher.zero.monitor import Monitor, ready_line
 from launcher.zero.optim import build_optimizer, check_zero_support
 from launcher.zero.precision import precision_policy
 from launcher.zero.sched import build_scheduler
@@ -32,11 +33,12 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     callables receiving the parameters / the optimizer; they win over the config's sections.
     ``process_group``: run on this group instead of starting torch.distributed from the env.
     """
+    environ = dict(os.environ)   # the rank's environment, read once here and passed on
+    failure.install(_rank_of(environ), environ)
     if model is None:
         raise ConfigError("zero.initialize: model is required", hint="zero.initialize(model=model, config=...)")
     if mpu is not None:
         raise ConfigError("zero.initialize: model parallelism (mpu) is not supported", hint="remove mpu=")
-    environ = dict(os.environ)   # the rank's environment, read once here and passed on
     source = _config_source(config, config_params, args, environ.get("DSLAUNCH_CONFIG"))
     dist_context = context_from_group(process_group) if process_group is not None else init_distributed(env=environ)
     cfg = load_config(source, world_size=dist_context.world_size)
@@ -44,6 +46,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     model.to(device=dist_context.device, dtype=precision.param_dtype)
 
     params = list(model_parameters) if model_parameters is not None else list(model.parameters())
+    param_count = sum(p.numel() for p in model.parameters())   # before stage 3 partitions them
     optimizer = _build_optimizer(optimizer, params, cfg, dist_context)
     check_zero_support(optimizer, cfg.zero_stage, cfg.zero_allow_untested_optimizer)
     handles_comm = bool(getattr(optimizer, "handles_gradient_communication", False))
@@ -67,7 +70,23 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     engine = ZeroEngine(EngineParts(module=model, optimizer=optimizer, lr_scheduler=scheduler, config=cfg,
                                     dist=dist_context, precision=precision, strategy=strategy,
                                     loss_scaler=scaler, monitor=monitor, dataloader=dataloader))
+    _say_ready(engine, monitor, param_count)
     return engine, optimizer, dataloader, scheduler
+
+
+def _say_ready(engine: ZeroEngine, monitor: Monitor, param_count: int) -> None:
+    """The first line, before the first step: stage, precision, world size and bytes per rank."""
+    cfg = engine.config
+    precision = "fp16" if cfg.fp16.enabled else "bf16" if cfg.bf16.enabled else "fp32"
+    monitor.log(ready_line(cfg.zero_stage, precision, engine.dist.world_size, param_count, engine.memory_breakdown()))
+    if precision != "fp32" and engine.dist.device.type == "cpu":
+        monitor.log(f"{precision} on CPU: most CPUs have no fast {precision} matrix kernels, so steps can run several "
+                    f"times slower than fp32; 16-bit precision pays off on a GPU")
+
+
+def _rank_of(environ: dict[str, str]) -> int:
+    value = environ.get("RANK", "0")
+    return int(value) if value.isdigit() else 0
 
 
 def _config_source(config, config_params, args, launcher_config: str | None) -> Any:
@@ -76,11 +95,23 @@ def _config_source(config, config_params, args, launcher_config: str | None) -> 
     if from_args and given is not None and given != from_args:
         raise ConfigError("zero.initialize: a config came both as config= and as args.deepspeed_config "
                           f"({from_args})", hint="pass one of them (DeepSpeed refuses both too)")
+    from_script = given if given is not None else from_args
+    if launcher_config and from_script not in (None, "") and not _same_file(from_script, launcher_config):
+        # an ignored `dslaunch --config` would train with a config the user did not ask for
+        shown = from_script if isinstance(from_script, (str, os.PathLike)) else "a dict"
+        raise ConfigError(f"two configs: dslaunch --config {launcher_config} and the script's {shown}",
+                          hint="drop dslaunch --config, or let the script pass config=None to use it")
     for candidate in (config, config_params, from_args, launcher_config):
         if candidate is not None and candidate != "":
             return candidate
     raise ConfigError("zero.initialize: no config given",
                       hint='pass config="ds_config.json" (or a dict), or launch with dslaunch --config PATH')
+
+
+def _same_file(source, path: str) -> bool:
+    if not isinstance(source, (str, os.PathLike)):
+        return False
+    return os.path.realpath(os.fspath(source)) == os.path.realpath(path)
 
 
 def _build_optimizer(optimizer, params, cfg, dist_context: DistContext) -> torch.optim.Optimizer:

@@ -33,7 +33,12 @@ def load_config(source: Any, world_size: int | None = None) -> ZeroConfig:
         config = source
     else:
         raw = _read_source(source)
-        config = build_config(raw)
+        try:
+            config = build_config(raw)
+        except ConfigError as error:
+            if isinstance(source, (str, os.PathLike)):   # name the file the key is in
+                raise ConfigError(f"{os.fspath(source)}: {error.message}", hint=error.hint) from None
+            raise
     if world_size is not None:
         config = resolve_batch(config, world_size)
     return config

@@ -21,7 +21,7 @@ from launcher.zero.dist import DistContext
 from launcher.zero.engine_api import EngineAccessors
 from launcher.zero.errors import ConfigError
 from launcher.zero.loss_scaler import LossScaler
-from launcher.zero.monitor import Monitor, PhaseTimer
+from launcher.zero.monitor import Monitor, PhaseTimer, progress_line
 from launcher.zero.plain_backward import BackwardHooks
 from launcher.zero.precision import PrecisionPolicy
 from launcher.zero.stages.base import ZeroStrategy
@@ -67,6 +67,10 @@ class ZeroEngine(EngineAccessors):
         self._loss_sum: torch.Tensor | None = None
         self._loss_count = 0
         self._last_report = (time.perf_counter(), 0)
+        self._started = time.perf_counter()
+        # the progress line's "step=N/total" and ETA: a schedule's length, else what the script sets
+        self.total_steps: int | None = getattr(self.lr_scheduler, "total_num_steps", None)
+        self._tokens_per_sample: int | None = None
         sync = torch.cuda.synchronize if self.dist.device.type == "cuda" else None
         self.timers = PhaseTimer(self.config.wall_clock_breakdown, sync)
         self._backward_hooks = BackwardHooks(self.strategy.stage, self._loss_factor,
@@ -102,6 +106,8 @@ class ZeroEngine(EngineAccessors):
         if self.config.fp16.enabled and self.config.fp16.auto_cast:
             args, kwargs = _cast_floats(args, torch.float16), _cast_floats(kwargs, torch.float16)
         self.strategy.pre_forward()
+        if args and torch.is_tensor(args[0]) and args[0].dim() >= 2 and not args[0].is_floating_point():
+            self._tokens_per_sample = int(args[0].shape[1])   # token ids (batch, sequence): for tokens/s
         output = self.module(*args, **kwargs)
         self.strategy.post_forward()
         self._backward_hooks.mark(output)
@@ -222,10 +228,10 @@ class ZeroEngine(EngineAccessors):
             then, before = self._last_report
             rate = (samples - before) / max(now - then, 1e-9)
             self._last_report = (now, samples)
-            lrs = ", ".join(f"{lr:.4e}" for lr in self.get_lr())
-            loss_text = f"{loss:.4f}" if loss is not None else "n/a"
-            self.monitor.log(f"step={self.global_steps} skipped={self.skipped_steps} loss={loss_text} lr=[{lrs}] "
-                             f"loss_scale={self.get_loss_scale():g} samples/s={rate:.1f}")
+            lrs = ",".join(f"{lr:.4e}" for lr in dict.fromkeys(self.get_lr()))
+            values = {"loss": loss, "lr": lrs, "loss_scale": self.get_loss_scale(), "skipped": self.skipped_steps}
+            self.monitor.log(progress_line(self.global_steps, self.total_steps, values, rate,
+                                           self._tokens_per_sample, now - self._started))
             if self.config.wall_clock_breakdown:
                 self.monitor.log(f"time (ms) | {self.timers.report()}")
             if self.config.memory_breakdown:

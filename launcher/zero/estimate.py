@@ -285,10 +285,10 @@ def _build_model(spec: str):
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="dslaunch-estimate", description=__doc__.split("\n")[0])
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--params", type=float, help="total number of parameters, e.g. 1.5e9")
+    what.add_argument("--params", type=parse_count, help="total number of parameters: 1.5B, 350M, 1.5e9")
     what.add_argument("--gpt", metavar="LAYERS,HIDDEN,VOCAB", help="a GPT shape, e.g. 48,1600,50257")
     what.add_argument("--model", metavar="MODULE:CALLABLE", help="build this model on the meta device and count it")
-    p.add_argument("--largest_layer", "--largest-layer", type=float, default=None,
+    p.add_argument("--largest_layer", "--largest-layer", type=parse_count, default=None,
                    help="parameters of the largest layer (ZeRO-3 gathers it whole)")
     p.add_argument("--num_gpus", "--num-gpus", "--num_gpus_per_node", type=int, default=1)
     p.add_argument("--num_nodes", "--num-nodes", type=int, default=1)
@@ -296,6 +296,23 @@ def parse_args(argv):
                    help="CPU-side safety factor (DeepSpeed's additional_buffer_factor)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     return p.parse_args(argv)
+
+
+_SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+def parse_count(text: str) -> float:
+    """A parameter count as people write it: 1.5B, 350M, 125k, 1.5e9 (argparse type)."""
+    import argparse
+
+    value = text.strip().replace("_", "").replace(",", "")
+    scale = _SUFFIXES.get(value[-1:].lower(), 1.0)
+    if scale != 1.0:
+        value = value[:-1]
+    try:
+        return float(value) * scale
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count: write 1.5B, 350M, 125k or 1.5e9") from None
 
 
 def main(argv=None) -> int:

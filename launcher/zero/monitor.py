@@ -37,6 +37,50 @@ class PhaseTimer:
         return text
 
 
+def progress_line(step: int, total: int | None, values: dict, rate: float, tokens_per_sample: int | None,
+                  elapsed: float) -> str:
+    """One progress line: ``key=value`` tokens without spaces inside values, so ``dict(t.split("=", 1) for
+    t in line.split()[1:])`` parses it; steps done / total, ETA, loss, lr, loss scale, samples/s, tokens/s.
+    """
+    done = f"{step}/{total}" if total else str(step)
+    parts = [f"step={done}"]
+    for key in ("loss", "lr", "loss_scale", "skipped"):
+        value = values.get(key)
+        if value is not None:
+            parts.append(f"{key}={value if isinstance(value, str) else _number(value)}")
+    parts.append(f"samples/s={rate:.1f}")
+    if tokens_per_sample:
+        parts.append(f"tokens/s={rate * tokens_per_sample:.0f}")
+    parts.append(f"elapsed={_duration(elapsed)}")
+    if total and step and total > step:
+        parts.append(f"eta={_duration(elapsed / step * (total - step))}")
+    return "progress " + " ".join(parts)
+
+
+def ready_line(stage: int, precision: str, world_size: int, params: int, memory: dict[str, int]) -> str:
+    """The first line, as soon as the engine is ready: what runs where, and the bytes each rank holds."""
+    held = ",".join(f"{k}:{v / 2**20:.1f}" for k, v in memory.items() if k != "total")
+    return (f"ready stage={stage} precision={precision} world_size={world_size} params={params} "
+            f"memory_per_rank_mib={memory.get('total', 0) / 2**20:.1f} breakdown_mib={held}")
+
+
+def _number(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4e}" if value and abs(value) < 1e-2 else f"{value:.4f}".rstrip("0").rstrip(".")
+    return str(value)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
 class Monitor:
     """Rank-0 console lines and CSV / TensorBoard events (``csv_monitor``, ``tensorboard`` keys)."""
 

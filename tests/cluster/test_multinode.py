@@ -10,6 +10,8 @@ import time
 import psutil
 import pytest
 
+from launcher.errors import EXIT_NODE_LOST
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RANKS = os.path.join(ROOT, "tests", "scripts", "ranks.py")
 CLUSTER = os.path.join(ROOT, "scripts", "local-cluster")
@@ -110,6 +112,8 @@ def test_crash_on_node2_stops_node1_within_3s(hosts, launcher):
     ended = time.monotonic() - crashed_at
     assert proc.returncode == 9, err
     assert "rank 3 on node2 exited with code 9" in err and "failing on purpose" in err
+    after_summary = err[err.index("rank 3 on node2 exited with code 9"):]
+    assert f"[{launcher}" not in after_summary, err   # the runner's teardown lines do not bury the summary
     assert ended < 3.0, f"took {ended:.2f} s"
     assert alive(pids) == []
 
@@ -157,7 +161,7 @@ def test_node_whose_network_is_cut_ends_the_job(hosts):
         took = time.monotonic() - began
     finally:
         subprocess.run([CLUSTER, "heal", "2"], check=True, capture_output=True)
-    assert proc.returncode != 0
+    assert proc.returncode == EXIT_NODE_LOST == 75, err  # its own documented code, not a rank's 1
     assert "node 1 (node2) stopped answering" in err
     assert took < 15, took
     deadline = time.monotonic() + 10
@@ -180,5 +184,21 @@ def test_agent_that_cannot_start_is_named_quickly(hosts, launcher):
 def test_preflight_failure_stops_the_launch_before_anything_starts(hosts):
     done = dslaunch("-H", hosts, "--launcher", "ssh", "--remote_python", "/nonexistent/py", RANKS, "echo-args")
     assert done.returncode == 3, done.stderr
-    assert "preflight failed; nothing was started" in done.stderr
+    assert "preflight failed: nothing was started" in done.stderr
+    # said once, with the table: not also as the runner's raw lines or "could not start the agent"
+    assert "could not start the agent" not in done.stderr and "before the agent of" not in done.stderr
+    assert "[ssh " not in done.stderr and done.stderr.count("preflight failed") == 2   # the table's line, ours
+    assert "--no-preflight would not help" in done.stderr
     assert "ARGS" not in done.stdout
+
+
+def test_a_config_error_on_two_nodes_is_one_message_for_the_job(hosts, tmp_path):
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({"train_batch_size": 4, "zero_optimisation": {"stage": 2},
+                                  "optimizer": {"type": "AdamW", "params": {}}}))
+    worker = os.path.join(ROOT, "tests", "dist", "workers", "config_worker.py")
+    done = dslaunch("-H", hosts, "--launcher", "ssh", "--no-preflight", "--no_local_rank", worker, str(config))
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.count("unknown config key 'zero_optimisation'") == 1, done.stderr
+    assert "[rank 0] dslaunch: config error:" in done.stderr and "did you mean 'zero_optimization'?" in done.stderr

@@ -82,7 +82,7 @@ def test_the_agents_catch_a_taken_master_port_before_any_rank_starts(healthy_clu
         out, _ = dslaunch("--hostfile", cluster_hostfile(2), "--master_port", 29519, _touch_script(tmp_path),
                           cwd=tmp_path)
     assert out.returncode == 3, out.stdout + out.stderr
-    assert "preflight failed; nothing was started on any node" in out.stderr
+    assert "preflight failed: nothing was started on any node" in out.stderr
     assert "master_port" in out.stderr and "port 29519 is taken on node1" in out.stderr
     assert "node2  rendezvous" not in out.stderr  # nobody was asked to connect to a port that is taken
     assert not list(tmp_path.glob("started*"))

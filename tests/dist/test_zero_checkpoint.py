@@ -50,3 +50,8 @@ def test_checkpoint_round_trips(tmp_path):
     bad = subprocess.run(command + ["--tag", "nope"], capture_output=True, text=True, env=env)
     assert bad.returncode == 2 and "no checkpoint 'nope'" in bad.stderr
     assert "available tags: global_step6, mid" in bad.stderr and "Traceback" not in bad.stderr
+    # one checkpoint's folder given directly is its tag, not a "pass --tag" error
+    direct = subprocess.run(command[:-2] + [str(reshard / "global_step6"), str(out)], capture_output=True,
+                            text=True, env=env)
+    assert direct.returncode == 0, direct.stderr
+    assert [t.flatten().tolist() for t in torch.load(out).values()] == reference

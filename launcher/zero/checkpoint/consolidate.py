@@ -23,6 +23,9 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None, exclude_f
         raise CheckpointError(f"checkpoint directory not found: {checkpoint_dir}",
                               hint="pass the save_dir given to save_checkpoint")
     resolved = fmt.resolve_tag(checkpoint_dir, tag)
+    if resolved is None and tag is None and os.path.isfile(os.path.join(checkpoint_dir, fmt.METADATA)):
+        # the folder of one checkpoint (save_dir/global_step30) was given: take it as the tag
+        checkpoint_dir, resolved = os.path.split(os.path.normpath(checkpoint_dir))
     if resolved is None:
         raise CheckpointError(f"no 'latest' file in {checkpoint_dir}", hint="pass --tag (the name of a checkpoint folder)")
     path = fmt.tag_dir(checkpoint_dir, resolved)
@@ -73,7 +76,8 @@ def load_state_dict_from_zero_checkpoint(model, checkpoint_dir, tag=None):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dslaunch-zero-to-fp32",
                                      description="Consolidate a launcher.zero checkpoint into one fp32 state dict.")
-    parser.add_argument("checkpoint_dir", help="the save_dir given to save_checkpoint (holds 'latest')")
+    parser.add_argument("checkpoint_dir", help="the save_dir given to save_checkpoint (holds 'latest'), "
+                        "or one checkpoint's folder in it (save_dir/global_step30)")
     parser.add_argument("output_file", help="where to write the state dict (torch.save format)")
     parser.add_argument("-t", "--tag", default=None, help="checkpoint tag (default: the one in 'latest')")
     parser.add_argument("--exclude_frozen_parameters", "--exclude-frozen-parameters", action="store_true",

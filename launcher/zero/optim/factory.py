@@ -5,6 +5,7 @@ import importlib
 
 import torch
 
+from launcher.zero.config_checks import ZERO_TESTED_OPTIMIZERS  # one list for dry-run and initialize
 from launcher.zero.errors import ConfigError
 
 # DeepSpeed's keys that torch's constructors do not take
@@ -12,7 +13,6 @@ _ADAM_ONLY_KEYS = ("adam_w_mode", "torch_adam", "bias_correction", "fused", "set
 # DeepSpeed FusedAdam's (and DeepSpeedCPUAdam's) constructor defaults; torch's AdamW would
 # otherwise put weight_decay=0.01 on a config that names none
 _FUSED_ADAM_DEFAULTS = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.0}
-ZERO_TESTED_OPTIMIZERS = ("Adam", "AdamW", "Adagrad", "OnebitAdam", "CPUAdam", "DeepSpeedCPUAdam")
 
 
 def build_optimizer(spec, params, process_group=None, offload: bool = False) -> torch.optim.Optimizer:

@@ -60,7 +60,7 @@ def test_dry_run_text(run):
     (["--dry-run", "nope.py"], "script 'nope.py' not found"),
     (["--dry-run"], "missing SCRIPT"),
     (["-i", "localhost", "--num_gpus", "1", "--dry-run", "train.py"], "cannot be combined"),
-    (["-i", "ghost", "--dry-run", "train.py"], "host 'ghost' is not in the hostfile"),
+    (["-i", "ghost", "--dry-run", "train.py"], "host 'ghost' is unknown: without a hostfile only this machine"),
     (["--json", "train.py"], "--json goes with"),
     (["--env", "NOEQUALS", "--dry-run", "train.py"], "expected KEY=VALUE"),
     (["--launcher", "nope", "train.py"], "Invalid value for '--launcher'"),
@@ -139,8 +139,25 @@ def test_dry_run_validates_the_engine_config_against_the_world_size(run, tmp_pat
     assert result.exit_code == 2 and message in result.output
 
 
+def test_dry_run_checks_the_optimizer_as_initialize_does_naming_the_file(run, tmp_path):
+    path = write(tmp_path, "ds.json", '{"train_batch_size": 8, "optimizer": {"type": "AdamWW", "params": {}}}')
+    result = run("--num_gpus", "2", "--dry-run", "--config", path, "train.py")
+    assert result.exit_code == 2, result.output
+    assert f"config error: {path}: optimizer.type: unknown optimizer 'AdamWW'" in result.output
+    assert "did you mean 'AdamW'?" in result.output
+
+
 def test_dry_run_accepts_a_good_config(run, tmp_path):
     path = write(tmp_path, "ds.json", '{"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2}')
     result = run("--num_gpus", "2", "--dry-run", "--json", "--config", path, "train.py")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["nodes"][0]["ranks"][0]["env"]["DSLAUNCH_CONFIG"] == path
+
+
+def test_clicks_own_option_errors_are_in_dslaunchs_style(run):
+    for args, says in ((["--nosuch", "train.py"], "No such option '--nosuch'"),
+                       (["--num_gpus", "x", "train.py"], "Invalid value for '--num_gpus': 'x' is not a valid integer")):
+        result = run(*args)
+        assert result.exit_code == 2
+        assert result.output.startswith(f"dslaunch: usage error: {says}"), result.output
+        assert "  hint: dslaunch --help lists every option" in result.output and "Try 'dslaunch" not in result.output

@@ -65,3 +65,10 @@ def test_counts(num_nodes, num_gpus, expected):
 def test_count_errors(num_nodes, num_gpus, message):
     with pytest.raises(FilterError, match=message):
         apply_counts(POOL, num_nodes, num_gpus)
+
+
+def test_an_unknown_host_without_a_hostfile_does_not_speak_of_the_hostfile():
+    with pytest.raises(FilterError) as info:
+        apply_include_exclude({"localhost": [0, 1]}, "foo", None, from_hostfile=False)
+    assert "without a hostfile only this machine (localhost) is used" in info.value.message
+    assert "the hostfile" not in info.value.message and "-H HOSTFILE" in info.value.hint

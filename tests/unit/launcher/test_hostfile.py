@@ -65,3 +65,19 @@ def test_directory_is_an_error(tmp_path):
 def test_ssh_target():
     assert Host("w0", 1, user="me").ssh_target == "me@w0"
     assert Host("w0", 1).ssh_target == "w0"
+
+
+HINTS = [  # (line, the hint that fits it)
+    ("w slot=2\n", "the key is 'slots': write 'slots=2' (not 'slot')"),
+    ("w gpus=8\n", "the key is 'slots': write 'slots=8' (not 'gpus')"),
+    ("w 4\n", "write 'slots=4'"),
+    ("w slots = 3\n", "write 'slots=N' with no spaces around '='"),
+    ("w slots =3\n", "write 'slots=N' with no spaces around '='"),
+]
+
+
+def test_a_bad_slots_word_gets_the_hint_that_fits_it():
+    for text, hint in HINTS:
+        with pytest.raises(HostfileError) as info:
+            parse_hostfile(text, "hosts")
+        assert info.value.hint == hint, text

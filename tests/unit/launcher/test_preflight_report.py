@@ -52,3 +52,23 @@ def test_lookup_helpers():
     assert report.host("worker-1").check("ssh").hint == "ssh-copy-id worker-1"
     assert report.host("worker-0").check("torch") is None
     assert report.host("nope") is None
+
+
+def test_a_failed_launch_preflight_hints_no_preflight_only_where_it_would_help(capsys):
+    import pytest
+
+    from launcher.control.check import preflight_failed
+    from launcher.errors import PreflightError
+
+    cases = [  # (the failed check, whether --no-preflight is offered)
+        (Check("ssh", False, "cannot resolve 'nohost'", "check the name"), False),
+        (Check("python", False, "remote python '/x/py' not found", "--remote_python"), False),
+        (Check("master_port", False, "port 29500 is taken on node1", "--master_port 0"), True),
+    ]
+    for check, offered in cases:
+        with pytest.raises(PreflightError) as info:
+            preflight_failed(PreflightReport((HostReport("node1", (check,)),)))
+        assert info.value.message == "nothing was started on any node"
+        assert ("skip the checks with --no-preflight" in info.value.hint) == offered, check.name
+        assert ("--no-preflight would not help" in info.value.hint) == (not offered), check.name
+    assert capsys.readouterr().err.count("preflight failed on 1 of 1 host(s): node1") == len(cases)  # the table, once each

@@ -180,3 +180,17 @@ def test_against_the_installed_deepspeed_when_there_is_one():
                 cpu, gpu, _ = ds3(total, largest, gpn, nodes, offload, offload_param, zero_init)
                 row = r.row(3, offload, offload_param, zero_init)
                 assert (row.cpu_bytes_per_node, row.gpu_bytes_per_device) == (cpu, gpu)
+
+
+@pytest.mark.parametrize("text, count", [("1.5B", 1.5e9), ("350M", 350e6), ("125k", 125e3), ("7b", 7e9),
+                                         ("1.5e9", 1.5e9), ("1_000", 1000.0)])
+def test_params_are_read_as_people_write_them(text, count):
+    from launcher.zero.estimate import parse_count
+    assert parse_count(text) == count
+
+
+def test_cli_takes_1_5B_and_rejects_words_with_a_hint():
+    same = [run(["-m", "launcher.zero.estimate", "--params", p, "--json"], check=True).stdout for p in ("1.5B", "1.5e9")]
+    assert same[0] == same[1]
+    bad = run(["-m", "launcher.zero.estimate", "--params", "lots"])
+    assert bad.returncode == 2 and "write 1.5B, 350M, 125k or 1.5e9" in bad.stderr

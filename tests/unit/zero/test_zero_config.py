@@ -106,3 +106,11 @@ def test_import_is_torch_free():
     code = "import sys, launcher.zero.config, launcher.zero; launcher.zero.load_config({'train_batch_size': 2}); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"
+
+
+def test_progress_line_is_one_parsable_line_with_total_eta_and_rates():
+    from launcher.zero.monitor import progress_line
+    line = progress_line(20, 150, {"loss": 2.8756, "lr": "1.0000e-03", "loss_scale": 1.0, "skipped": 0}, 123.4, 64, 5.1)
+    assert line == ("progress step=20/150 loss=2.8756 lr=1.0000e-03 loss_scale=1 skipped=0 samples/s=123.4 "
+                    "tokens/s=7898 elapsed=5s eta=33s")
+    assert progress_line(7, None, {"loss": None}, 2.0, None, 3725.0) == "progress step=7 samples/s=2.0 elapsed=1h02m"
