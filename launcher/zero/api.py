@@ -38,6 +38,10 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
         raise ConfigError("zero.initialize: model parallelism (mpu) is not supported", hint="remove mpu=")
     environ = dict(os.environ)   # the rank's environment, read once here and passed on
     source = _config_source(config, config_params, args, environ.get("DSLAUNCH_CONFIG"))
+    if _is_pipeline(model):
+        from launcher.zero.pipe.build import initialize_pipeline
+
+        return initialize_pipeline(model, optimizer, lr_scheduler, source, training_data, collate_fn)
     dist_context = context_from_group(process_group) if process_group is not None else init_distributed(env=environ)
     cfg = load_config(source, world_size=dist_context.world_size)
     precision = precision_policy(cfg)
@@ -68,6 +72,12 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
                                     dist=dist_context, precision=precision, strategy=strategy,
                                     loss_scaler=scaler, monitor=monitor, dataloader=dataloader))
     return engine, optimizer, dataloader, scheduler
+
+
+def _is_pipeline(model) -> bool:
+    from launcher.zero.pipe.module import PipelineModule
+
+    return isinstance(model, PipelineModule)
 
 
 def _config_source(config, config_params, args, launcher_config: str | None) -> Any:

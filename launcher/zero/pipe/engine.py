@@ -1,0 +1,255 @@
+"""The pipeline engine: one ``train_batch`` runs a schedule of micro-batches through the stages.
+
+Per batch: every stage executes its schedule (``schedule.py``) of forwards and backwards, moving
+activations and their gradients with ``p2p.StageLink``; then gradients are averaged over the data
+axis, tied copies summed across their stages, clipped by the one global norm (every stage's
+squares summed, each tied weight counted once) and the optimizer steps. A non-finite gradient on
+any stage skips the step on every rank.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from launcher.zero.errors import ConfigError
+from launcher.zero.parallel.grid import ParallelGrid
+from launcher.zero.pipe.module import PipelineModule
+from launcher.zero.pipe.p2p import StageLink
+from launcher.zero.pipe.schedule import BACKWARD, FORWARD, build_schedule
+
+
+class PipelineEngine:
+    """DeepSpeed's ``PipelineEngine`` surface: ``train_batch``, ``eval_batch``, ``grid``, counters."""
+
+    def __init__(self, module: PipelineModule, optimizer, lr_scheduler, config, device: torch.device,
+                 schedule: str = "1f1b"):
+        self.module = module
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.config = config
+        self.device = device
+        self.schedule_name = schedule
+        self.grid = ParallelGrid(module.topology())
+        self.global_rank = self.grid.global_rank
+        self.num_stages = self.grid.pipe_parallel_size
+        self.stage_id = self.grid.stage_id
+        self.micro_batches = config.gradient_accumulation_steps
+        self.global_steps = 0
+        self.skipped_steps = 0
+        self._global_grad_norm: float | None = None
+        self.data_iterator: Iterator | None = None
+        self._link = StageLink(device)
+        self._tie_groups = self._build_tie_groups()
+        self._sync_tied_weights()
+
+    # ---- DeepSpeed's accessors ----------------------------------------------------------
+    def is_first_stage(self) -> bool:
+        return self.stage_id == 0
+
+    def is_last_stage(self) -> bool:
+        return self.stage_id == self.num_stages - 1
+
+    def gradient_accumulation_steps(self) -> int:
+        return self.micro_batches
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return self.config.train_micro_batch_size_per_gpu
+
+    def train_batch_size(self) -> int:
+        return self.config.train_batch_size
+
+    def get_global_grad_norm(self) -> float | None:
+        return self._global_grad_norm
+
+    def get_lr(self) -> list[float]:
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def set_dataiterator(self, iterator: Iterator) -> None:
+        self.data_iterator = iterator
+
+    def parameters(self):
+        return self.module.parameters()
+
+    def state_dict(self, *args, **kwargs):
+        return self.module.state_dict(*args, **kwargs)
+
+    module_state_dict = state_dict
+
+    def __call__(self, *args, **kwargs):
+        raise ConfigError("a pipeline engine is not called per micro-batch", hint="use engine.train_batch(data_iter)")
+
+    # ---- ties ---------------------------------------------------------------------------
+    def _build_tie_groups(self) -> dict[str, tuple[list[int], Any]]:
+        """For each tie key spread over several stages, the group of its copies at this rank's coordinates."""
+        topo, mine = self.grid.topology(), {}
+        for key, stages in sorted(self.module.tied_stages().items()):
+            if len(stages) < 2:
+                continue
+            others = [axis for axis in topo.get_axis_names() if axis != "pipe"]
+            for fixed in _coordinates(topo, others):
+                ranks = [topo.get_rank(pipe=stage, **fixed) for stage in stages]
+                group = dist.new_group(ranks=ranks)
+                if self.global_rank in ranks:
+                    mine[key] = (ranks, group)
+        return mine
+
+    def _tied_params(self, key: str) -> list[torch.Tensor]:
+        module = self.module.tied_modules[key]
+        return [getattr(module, attr) for attr in self.module.tied_weight_attrs[key]]
+
+    def _sync_tied_weights(self) -> None:
+        """Start every copy of a tied weight from the first stage's copy."""
+        for key, (ranks, group) in self._tie_groups.items():
+            for param in self._tied_params(key):
+                dist.broadcast(param.data, src=ranks[0], group=group)
+
+    # ---- the batch ----------------------------------------------------------------------
+    def _next_batches(self, data_iter: Iterator | None) -> list[Any]:
+        if not (self.is_first_stage() or self.is_last_stage()):
+            return [None] * self.micro_batches
+        iterator = data_iter if data_iter is not None else self.data_iterator
+        if iterator is None:
+            raise ConfigError("train_batch: no data (pass data_iter, or training_data to initialize)",
+                              hint="engine.train_batch(iter(loader))")
+        return [next(iterator) for _ in range(self.micro_batches)]
+
+    def _peer(self, stage: int) -> int:
+        return self.grid.stage_to_global(stage)
+
+    def _forward(self, micro: int, batch: Any, state: dict) -> None:
+        if self.is_first_stage():
+            inputs = _to(batch[0], self.device)
+        else:
+            inputs = self._link.recv(self._peer(self.stage_id - 1))
+            if torch.is_grad_enabled() and inputs.is_floating_point():
+                inputs.requires_grad_()
+        outputs = self.module(inputs)
+        if self.is_last_stage():
+            loss = self.module.loss_fn(outputs, _to(batch[1], self.device))
+            state["losses"].append(loss.detach().float())
+            outputs = loss
+        else:
+            self._link.send(outputs, self._peer(self.stage_id + 1))
+        state["inputs"][micro], state["outputs"][micro] = inputs, outputs
+
+    def _backward(self, micro: int, state: dict) -> None:
+        inputs, outputs = state["inputs"].pop(micro), state["outputs"].pop(micro)
+        if self.is_last_stage():
+            (outputs / self.micro_batches).backward()
+        else:
+            grad = self._link.recv(self._peer(self.stage_id + 1))
+            torch.autograd.backward(outputs, grad_tensors=grad)
+        if not self.is_first_stage():
+            grad = inputs.grad if inputs.grad is not None else torch.zeros_like(inputs)
+            self._link.send(grad, self._peer(self.stage_id - 1))
+
+    def _run_schedule(self, batches: list[Any], train: bool) -> list[torch.Tensor]:
+        state = {"inputs": {}, "outputs": {}, "losses": []}
+        if train:
+            actions = build_schedule(self.schedule_name, self.micro_batches, self.num_stages, self.stage_id)
+        else:
+            actions = [(FORWARD, micro) for micro in range(len(batches))]
+        with torch.set_grad_enabled(train):
+            for kind, micro in actions:
+                if kind == FORWARD:
+                    self._forward(micro, batches[micro], state)
+                elif kind == BACKWARD:
+                    self._backward(micro, state)
+        self._link.wait_sends()
+        return state["losses"]
+
+    def _mean_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
+        """The batch's mean loss, averaged over the data axis, on every stage (broadcast from the last)."""
+        loss = torch.stack(losses).mean() if losses else torch.zeros((), device=self.device)
+        if self.is_last_stage() and self.grid.data_parallel_size > 1:
+            dist.all_reduce(loss, group=self.grid.get_data_parallel_group())
+            loss /= self.grid.data_parallel_size
+        if self.num_stages > 1:
+            dist.broadcast(loss, src=self._peer(self.num_stages - 1), group=self.grid.get_pipe_parallel_group())
+        return loss
+
+    def train_batch(self, data_iter: Iterator | None = None) -> torch.Tensor:
+        """Run ``gradient_accumulation_steps`` micro-batches and one optimizer step; return the mean loss."""
+        if self.module.loss_fn is None and self.is_last_stage():
+            raise ConfigError("train_batch: the PipelineModule has no loss_fn", hint="PipelineModule(..., loss_fn=...)")
+        self.module.train()
+        losses = self._run_schedule(self._next_batches(data_iter), train=True)
+        self._step()
+        return self._mean_loss(losses)
+
+    def eval_batch(self, data_iter: Iterator, return_logits: bool = False, compute_loss: bool = True,
+                   reduce_output: str = "avg", num_micro_batches: int | None = None) -> torch.Tensor:
+        """Forward ``num_micro_batches`` (default: gradient_accumulation_steps) without gradients; mean loss."""
+        self.module.eval()
+        count = num_micro_batches or self.micro_batches
+        saved, self.micro_batches = self.micro_batches, count
+        try:
+            losses = self._run_schedule(self._next_batches(data_iter), train=False)
+        finally:
+            self.micro_batches = saved
+        return self._mean_loss(losses)
+
+    # ---- the step -----------------------------------------------------------------------
+    def _params(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    def _reduce_gradients(self) -> None:
+        params = self._params()
+        for param in params:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+        if self.grid.data_parallel_size > 1 and params:
+            flat = _flatten_dense_tensors([p.grad for p in params])
+            dist.all_reduce(flat, group=self.grid.get_data_parallel_group())
+            flat /= self.grid.data_parallel_size
+            for param, reduced in zip(params, _unflatten_dense_tensors(flat, [p.grad for p in params])):
+                param.grad.copy_(reduced)
+        for key, (_, group) in self._tie_groups.items():
+            for param in self._tied_params(key):
+                dist.all_reduce(param.grad, group=group)
+
+    def _norm_and_overflow(self) -> tuple[float, bool]:
+        """The global L2 norm over all stages; a tied weight counts once (on its first stage)."""
+        skip = {id(p) for key, (ranks, _) in self._tie_groups.items() if ranks[0] != self.global_rank
+                for p in self._tied_params(key)}
+        totals = torch.zeros(2, dtype=torch.float64, device=self.device)
+        for param in self._params():
+            grad = param.grad.detach()
+            finite = bool(torch.isfinite(grad).all())
+            totals[1] += 0.0 if finite else 1.0
+            if finite and id(param) not in skip:
+                totals[0] += grad.double().pow(2).sum()
+        if self.num_stages > 1:
+            dist.all_reduce(totals, group=self.grid.get_pipe_parallel_group())
+        overflow = bool(totals[1] > 0)
+        return (float("inf") if overflow else float(totals[0].sqrt())), overflow
+
+    def _step(self) -> None:
+        self._reduce_gradients()
+        norm, overflow = self._norm_and_overflow()
+        if overflow:
+            self.skipped_steps += 1
+            self._global_grad_norm = None
+        else:
+            clip = self.config.gradient_clipping
+            if clip > 0 and norm + 1e-6 > clip:
+                for param in self._params():
+                    param.grad.mul_(clip / (norm + 1e-6))
+            self.optimizer.step()
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step()
+            self._global_grad_norm = norm
+        self.optimizer.zero_grad(set_to_none=True)
+        self.global_steps += 1
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    return value.to(device) if isinstance(value, torch.Tensor) else value
+
+
+def _coordinates(topo, axes: list[str]) -> list[dict[str, int]]:
+    from itertools import product
+    return [dict(zip(axes, values)) for values in product(*(range(topo.get_dim(a)) for a in axes))]

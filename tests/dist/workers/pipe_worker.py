@@ -1,0 +1,111 @@
+"""Rank-side pipeline parity: PipelineModule through zero.initialize vs. single-process AdamW.
+
+argv: num_stages schedule model gas partition_method. ``model`` is ``plain`` (5 layers, an uneven
+split over 2 stages) or ``tied`` (the first and the last layer share one weight, across stages).
+Prints one ``RESULT {json}`` line: the max abs weight error, the losses of both, bytes per stage.
+"""
+import json
+import os
+import sys
+
+import torch
+from torch import nn
+
+from launcher import zero
+from launcher.zero.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+
+STEPS, MBS, CLIP, LR, BASE_SEED = 4, 2, 0.05, 0.05, 1234
+
+
+def specs(model: str):
+    if model == "tied":
+        return [TiedLayerSpec("io", nn.Linear, 8, 8, bias=False), LayerSpec(nn.Tanh),
+                LayerSpec(nn.Linear, 8, 8), LayerSpec(nn.Tanh), TiedLayerSpec("io", nn.Linear, 8, 8, bias=False)]
+    return [LayerSpec(nn.Linear, 8, 16), LayerSpec(nn.Tanh), LayerSpec(nn.Linear, 16, 16), LayerSpec(nn.Tanh),
+            LayerSpec(nn.Linear, 16, 8)]
+
+
+def reference_layers(model: str) -> list:
+    """Every layer built in one process with the seeds seed_layers uses; ties reuse the first build."""
+    layers, tied = [], {}
+    for index, spec in enumerate(specs(model)):
+        torch.manual_seed(BASE_SEED + index)
+        if isinstance(spec, TiedLayerSpec):
+            tied.setdefault(spec.key, spec.build())
+            layers.append(tied[spec.key])
+        else:
+            layers.append(spec.build())
+    return layers
+
+
+def data(dp: int, gas: int):
+    generator = torch.Generator().manual_seed(0)
+    count = STEPS * gas * dp * MBS
+    return torch.randn(count, 8, generator=generator), torch.randn(count, 8, generator=generator)
+
+
+def micro_batches(x, y, dp: int, gas: int, data_rank: int):
+    for step in range(STEPS):
+        for micro in range(gas):
+            start = ((step * gas + micro) * dp + data_rank) * MBS
+            yield x[start:start + MBS], y[start:start + MBS]
+
+
+def reference(model: str, dp: int, gas: int):
+    layers = reference_layers(model)
+    net = nn.Sequential(*layers)
+    unique = list({id(p): p for p in net.parameters()}.values())
+    optimizer = torch.optim.AdamW(unique, lr=LR, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.01)
+    x, y = data(dp, gas)
+    losses = []
+    for step in range(STEPS):
+        per_step = []
+        for micro in range(gas):
+            for data_rank in range(dp):
+                start = ((step * gas + micro) * dp + data_rank) * MBS
+                loss = nn.functional.mse_loss(net(x[start:start + MBS]), y[start:start + MBS])
+                (loss / (gas * dp)).backward()
+                per_step.append(loss.item())
+        norm = torch.nn.utils.clip_grad_norm_(unique, CLIP)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append((sum(per_step) / len(per_step), float(norm)))
+    return layers, losses
+
+
+def main():
+    num_stages, schedule, model, gas, method = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+    zero.init_distributed()
+    module = PipelineModule(specs(model), num_stages=num_stages, loss_fn=nn.functional.mse_loss,
+                            partition_method=method, seed_layers=True, base_seed=BASE_SEED)
+    config = {"train_micro_batch_size_per_gpu": MBS, "gradient_accumulation_steps": gas, "gradient_clipping": CLIP,
+              "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": [0.9, 0.99], "eps": 1e-8,
+                                                        "weight_decay": 0.01}},
+              "pipeline": {"schedule": schedule}}
+    engine, _, _, _ = zero.initialize(model=module, config=config)
+    dp = engine.grid.get_data_parallel_world_size()
+    x, y = data(dp, gas)
+    batches = micro_batches(x, y, dp, gas, engine.grid.get_data_parallel_rank())
+    losses = [(float(engine.train_batch(batches)), engine.get_global_grad_norm()) for _ in range(STEPS)]
+    layers, ref_losses = reference(model, dp, gas)
+    error = 0.0
+    for key, value in engine.module.state_dict().items():
+        head, _, name = key.rpartition(".")
+        owner = layers[int(head)] if head.isdigit() else reference_layers and _tied(layers, module, head)
+        error = max(error, (value - getattr(owner, name).detach()).abs().max().item())
+    print("RESULT " + json.dumps({
+        "rank": int(os.environ["RANK"]), "stage": engine.grid.get_stage_id(), "dp": dp,
+        "data_rank": engine.grid.get_data_parallel_rank(), "parts": module.parts, "keys": sorted(engine.state_dict()),
+        "max_abs_error": error, "losses": losses, "reference_losses": ref_losses,
+        "param_bytes": sum(p.numel() * p.element_size() for p in engine.parameters()),
+        "reference_param_counts": [sum(p.numel() for p in layer.parameters()) for layer in layers]}), flush=True)
+
+
+def _tied(layers, module, head: str):
+    key = head.split(".")[-1]
+    index = next(i for i, spec in enumerate(module._layer_specs) if isinstance(spec, TiedLayerSpec) and spec.key == key)
+    return layers[index]
+
+
+if __name__ == "__main__":
+    main()
