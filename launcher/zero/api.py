@@ -34,8 +34,6 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     """
     if model is None:
         raise ConfigError("zero.initialize: model is required", hint="zero.initialize(model=model, config=...)")
-    if mpu is not None:
-        raise ConfigError("zero.initialize: model parallelism (mpu) is not supported", hint="remove mpu=")
     environ = dict(os.environ)   # the rank's environment, read once here and passed on
     source = _config_source(config, config_params, args, environ.get("DSLAUNCH_CONFIG"))
     if _is_pipeline(model):
@@ -43,6 +41,8 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
 
         return initialize_pipeline(model, optimizer, lr_scheduler, source, training_data, collate_fn)
     dist_context = context_from_group(process_group) if process_group is not None else init_distributed(env=environ)
+    if mpu is not None:
+        dist_context = _data_parallel_context(mpu, dist_context)
     cfg = load_config(source, world_size=dist_context.world_size)
     precision = precision_policy(cfg)
     model.to(device=dist_context.device, dtype=precision.param_dtype)
@@ -55,6 +55,11 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
         raise ConfigError(f"optimizer {type(optimizer).__name__} does its own gradient communication and needs "
                           f"zero_optimization.stage 0 (got {cfg.zero_stage})", hint="set zero_optimization.stage to 0")
     strategy_cls = resolve_strategy(cfg.zero_stage, offload=cfg.zero_optimization.offload_optimizer_active)
+    if mpu is not None and mpu.get_model_parallel_world_size() > 1:
+        from launcher.zero.parallel.norm import sharded_parameter_names, with_tensor_parallel_norm
+
+        strategy_cls = with_tensor_parallel_norm(strategy_cls, mpu.get_model_parallel_group(),
+                                                 sharded_parameter_names(model))
     strategy = strategy_cls(StrategyContext(config=cfg, dist=dist_context, precision=precision,
                                             reduce_gradients=not handles_comm))
     strategy.setup(model, optimizer)
@@ -72,6 +77,19 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
                                     dist=dist_context, precision=precision, strategy=strategy,
                                     loss_scaler=scaler, monitor=monitor, dataloader=dataloader))
     return engine, optimizer, dataloader, scheduler
+
+
+def _data_parallel_context(mpu, world: DistContext) -> DistContext:
+    """DeepSpeed's ``mpu``: ZeRO runs over its data-parallel group; the model-parallel group is the user's."""
+    needed = ("get_data_parallel_group", "get_data_parallel_world_size", "get_model_parallel_group",
+              "get_model_parallel_world_size")
+    missing = [name for name in needed if not callable(getattr(mpu, name, None))]
+    if missing:
+        raise ConfigError(f"zero.initialize: mpu lacks {', '.join(missing)}",
+                          hint="pass an object with get_(data|model)_parallel_(rank|world_size|group), "
+                               "e.g. launcher.zero.parallel.ParallelGrid(topology)")
+    return context_from_group(mpu.get_data_parallel_group(), device=world.device, local_rank=world.local_rank,
+                              local_world_size=world.local_world_size)
 
 
 def _is_pipeline(model) -> bool:
