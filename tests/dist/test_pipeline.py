@@ -15,8 +15,9 @@ WORKER = Path(__file__).parent / "workers" / "pipe_worker.py"
 CLIP = 0.05
 
 
-def _run(stages, schedule, model, gas, method, world_size=4):
-    results = check(run_world(WORKER, world_size, str(stages), schedule, model, str(gas), method, timeout=240))
+def _run(stages, schedule, model, gas, method, world_size=4, tensor=1):
+    results = check(run_world(WORKER, world_size, str(stages), schedule, model, str(gas), method, str(tensor),
+                              timeout=240))
     records = [result.records()[0] for result in results]
     return sorted(records, key=lambda record: record["rank"])
 
@@ -60,3 +61,16 @@ def test_four_stages_uneven_layers_match_adamw():
     _check_parity(records)
     _check_partition_bytes(records)
     assert records[0]["parts"] == [0, 2, 3, 4, 5] and records[0]["dp"] == 1
+
+
+@pytest.mark.parametrize("world_size", [4, 8])
+def test_pipeline_2_x_tensor_2_x_data_matches_adamw(world_size):
+    """3D: 2 stages x 2 tensor ranks (x 2 data ranks at 8): three sharded MLP blocks and a head."""
+    records = _run(2, "1f1b", "tp", 2, "uniform", world_size=world_size, tensor=2)
+    _check_parity(records)
+    # model (tensor) innermost, then data, pipe outermost
+    expected = [(s, d, m) for s in range(2) for d in range(world_size // 4) for m in range(2)]
+    assert [(r["stage"], r["data_rank"], r["model_rank"]) for r in records] == expected
+    # bytes follow the partition [0, 2, 4] and the shards: a block holds (128 + 16 + 128) / 2 + 8 floats
+    assert all(r["parts"] == [0, 2, 4] for r in records)
+    assert [r["param_bytes"] for r in records] == [4 * 2 * 144] * (world_size // 2) + [4 * (144 + 72)] * (world_size // 2)

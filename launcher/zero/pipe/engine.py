@@ -32,7 +32,7 @@ class PipelineEngine:
         self.config = config
         self.device = device
         self.schedule_name = schedule
-        self.grid = ParallelGrid(module.topology())
+        self.grid = module.grid() if module.grid() is not None else ParallelGrid(module.topology())
         self.global_rank = self.grid.global_rank
         self.num_stages = self.grid.pipe_parallel_size
         self.stage_id = self.grid.stage_id
@@ -212,20 +212,29 @@ class PipelineEngine:
                 dist.all_reduce(param.grad, group=group)
 
     def _norm_and_overflow(self) -> tuple[float, bool]:
-        """The global L2 norm over all stages; a tied weight counts once (on its first stage)."""
+        """The one global L2 norm over all three axes.
+
+        Data replicas hold equal (averaged) gradients, so the data axis is not summed; tensor
+        shards are summed over the tensor group while replicated parameters count once; stages
+        are summed; a tied weight counts once (on its first stage).
+        """
         skip = {id(p) for key, (ranks, _) in self._tie_groups.items() if ranks[0] != self.global_rank
                 for p in self._tied_params(key)}
-        totals = torch.zeros(2, dtype=torch.float64, device=self.device)
+        totals = torch.zeros(3, dtype=torch.float64, device=self.device)   # sharded, replicated, non-finite
         for param in self._params():
             grad = param.grad.detach()
             finite = bool(torch.isfinite(grad).all())
-            totals[1] += 0.0 if finite else 1.0
+            totals[2] += 0.0 if finite else 1.0
             if finite and id(param) not in skip:
-                totals[0] += grad.double().pow(2).sum()
+                totals[0 if getattr(param, "tensor_model_parallel", False) else 1] += grad.double().pow(2).sum()
+        if self.grid.model_parallel_size > 1:
+            sharded = totals[[0, 2]].clone()
+            dist.all_reduce(sharded, group=self.grid.get_model_parallel_group())
+            totals[0], totals[2] = sharded[0], sharded[1]
         if self.num_stages > 1:
             dist.all_reduce(totals, group=self.grid.get_pipe_parallel_group())
-        overflow = bool(totals[1] > 0)
-        return (float("inf") if overflow else float(totals[0].sqrt())), overflow
+        overflow = bool(totals[2] > 0)
+        return (float("inf") if overflow else float((totals[0] + totals[1]).sqrt())), overflow
 
     def _step(self) -> None:
         self._reduce_gradients()

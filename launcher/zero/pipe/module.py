@@ -80,6 +80,9 @@ class PipelineModule(nn.Module):
             from launcher.zero.dist import init_distributed
             init_distributed()
         world_size, self.global_rank = dist.get_world_size(), dist.get_rank()
+        # a ParallelGrid may stand for its topology, so that layers built with its tensor group share its groups
+        self._grid = topology if hasattr(topology, "get_model_parallel_group") else None
+        topology = self._grid.topology() if self._grid is not None else topology
         self._topo = self._resolve_topology(num_stages, topology, world_size)
         self.num_stages = self._topo.get_dim("pipe")
         self.stage_id = self._topo.get_coord(self.global_rank).pipe
@@ -163,6 +166,10 @@ class PipelineModule(nn.Module):
 
     def topology(self) -> ProcessTopology:
         return self._topo
+
+    def grid(self):
+        """The ParallelGrid passed as ``topology`` (None: the engine builds one)."""
+        return self._grid
 
 
 def _tied_forward(module: nn.Module, forward_fn: Callable | None) -> Callable:

@@ -1,7 +1,8 @@
 """Rank-side pipeline parity: PipelineModule through zero.initialize vs. single-process AdamW.
 
-argv: num_stages schedule model gas partition_method. ``model`` is ``plain`` (5 layers, an uneven
-split over 2 stages) or ``tied`` (the first and the last layer share one weight, across stages).
+argv: num_stages schedule model gas partition_method [tensor]. ``model`` is ``plain`` (5 layers, an
+uneven split over 2 stages), ``tied`` (the first and the last layer share one weight, across
+stages) or ``tp`` (3 residual MLP blocks, column- then row-parallel over ``tensor`` ranks, and a head).
 Prints one ``RESULT {json}`` line: the max abs weight error, the losses of both, bytes per stage.
 """
 import json
@@ -12,12 +13,31 @@ import torch
 from torch import nn
 
 from launcher import zero
+from launcher.zero.parallel.grid import ParallelGrid
+from launcher.zero.parallel.tensor import ColumnParallelLinear, RowParallelLinear
+from launcher.zero.parallel.topology import PipeModelDataParallelTopology
 from launcher.zero.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 
 STEPS, MBS, CLIP, LR, BASE_SEED = 4, 2, 0.05, 0.05, 1234
 
 
-def specs(model: str):
+class Block(nn.Module):
+    """h + proj(tanh(fc(h))), built whole from a seed, then sharded when a tensor group is given."""
+
+    def __init__(self, group=None):
+        super().__init__()
+        fc, proj = nn.Linear(8, 16), nn.Linear(16, 8)
+        if group is not None:
+            fc, proj = ColumnParallelLinear.from_linear(fc, group), RowParallelLinear.from_linear(proj, group)
+        self.fc, self.proj = fc, proj
+
+    def forward(self, h):
+        return h + self.proj(torch.tanh(self.fc(h)))
+
+
+def specs(model: str, group=None):
+    if model == "tp":
+        return [LayerSpec(Block, group), LayerSpec(Block, group), LayerSpec(Block, group), LayerSpec(nn.Linear, 8, 8)]
     if model == "tied":
         return [TiedLayerSpec("io", nn.Linear, 8, 8, bias=False), LayerSpec(nn.Tanh),
                 LayerSpec(nn.Linear, 8, 8), LayerSpec(nn.Tanh), TiedLayerSpec("io", nn.Linear, 8, 8, bias=False)]
@@ -75,9 +95,13 @@ def reference(model: str, dp: int, gas: int):
 
 def main():
     num_stages, schedule, model, gas, method = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+    tensor = int(sys.argv[6]) if len(sys.argv) > 6 else 1
     zero.init_distributed()
-    module = PipelineModule(specs(model), num_stages=num_stages, loss_fn=nn.functional.mse_loss,
-                            partition_method=method, seed_layers=True, base_seed=BASE_SEED)
+    world_size = int(os.environ["WORLD_SIZE"])
+    grid = ParallelGrid(PipeModelDataParallelTopology(num_stages, tensor, world_size // (num_stages * tensor)))
+    module = PipelineModule(specs(model, grid.get_model_parallel_group() if tensor > 1 else None), topology=grid,
+                            loss_fn=nn.functional.mse_loss, partition_method=method, seed_layers=True,
+                            base_seed=BASE_SEED)
     config = {"train_micro_batch_size_per_gpu": MBS, "gradient_accumulation_steps": gas, "gradient_clipping": CLIP,
               "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": [0.9, 0.99], "eps": 1e-8,
                                                         "weight_decay": 0.01}},
@@ -89,20 +113,23 @@ def main():
     losses = [(float(engine.train_batch(batches)), engine.get_global_grad_norm()) for _ in range(STEPS)]
     layers, ref_losses = reference(model, dp, gas)
     error = 0.0
-    for key, value in engine.module.state_dict().items():
-        head, _, name = key.rpartition(".")
-        owner = layers[int(head)] if head.isdigit() else reference_layers and _tied(layers, module, head)
-        error = max(error, (value - getattr(owner, name).detach()).abs().max().item())
+    for key, value in engine.module.named_parameters():
+        index, _, name = key.partition(".")
+        owner = layers[int(index)] if index.isdigit() else _tied(layers, module, name.split(".")[0])
+        expected = owner.get_parameter(name if index.isdigit() else name.split(".", 1)[1]).detach()
+        if getattr(value, "tensor_model_parallel", False):
+            expected = expected.chunk(tensor, dim=value.partition_dim)[grid.get_model_parallel_rank()]
+        error = max(error, (value.detach() - expected).abs().max().item())
     print("RESULT " + json.dumps({
         "rank": int(os.environ["RANK"]), "stage": engine.grid.get_stage_id(), "dp": dp,
         "data_rank": engine.grid.get_data_parallel_rank(), "parts": module.parts, "keys": sorted(engine.state_dict()),
         "max_abs_error": error, "losses": losses, "reference_losses": ref_losses,
-        "param_bytes": sum(p.numel() * p.element_size() for p in engine.parameters()),
+        "param_bytes": sum(p.numel() * p.element_size() for p in engine.parameters()), "tensor": tensor,
+        "model_rank": grid.get_model_parallel_rank(),
         "reference_param_counts": [sum(p.numel() for p in layer.parameters()) for layer in layers]}), flush=True)
 
 
-def _tied(layers, module, head: str):
-    key = head.split(".")[-1]
+def _tied(layers, module, key: str):
     index = next(i for i, spec in enumerate(module._layer_specs) if isinstance(spec, TiedLayerSpec) and spec.key == key)
     return layers[index]
 
