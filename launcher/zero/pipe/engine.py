@@ -8,6 +8,7 @@ any stage skips the step on every rank.
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Iterator
 
 import torch
@@ -40,6 +41,7 @@ class PipelineEngine:
         self.global_steps = 0
         self.skipped_steps = 0
         self._global_grad_norm: float | None = None
+        self.schedule_timing: dict[str, float] = {}
         self.data_iterator: Iterator | None = None
         self._link = StageLink(device)
         self._tie_groups = self._build_tie_groups()
@@ -147,7 +149,9 @@ class PipelineEngine:
             self._link.send(grad, self._peer(self.stage_id - 1))
 
     def _run_schedule(self, batches: list[Any], train: bool) -> list[torch.Tensor]:
+        """Execute this stage's actions; ``schedule_timing`` keeps the wall time and the time spent waiting."""
         state = {"inputs": {}, "outputs": {}, "losses": []}
+        started, self._link.recv_wait_s = time.perf_counter(), 0.0
         if train:
             actions = build_schedule(self.schedule_name, self.micro_batches, self.num_stages, self.stage_id)
         else:
@@ -159,6 +163,7 @@ class PipelineEngine:
                 elif kind == BACKWARD:
                     self._backward(micro, state)
         self._link.wait_sends()
+        self.schedule_timing = {"wall_s": time.perf_counter() - started, "recv_wait_s": self._link.recv_wait_s}
         return state["losses"]
 
     def _mean_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:

@@ -6,6 +6,8 @@ handles are kept until ``wait_sends``); receives block.
 """
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -21,6 +23,7 @@ class StageLink:
     def __init__(self, device: torch.device):
         self.device = device
         self._pending: list[tuple] = []   # (work, tensor) kept alive until the send completes
+        self.recv_wait_s = 0.0            # time blocked in receives: the stage's idle (bubble) time
 
     def send(self, tensor: torch.Tensor, peer: int) -> None:
         tensor = tensor.detach().contiguous()
@@ -35,12 +38,14 @@ class StageLink:
             self._pending.append((dist.isend(item, dst=peer), item))
 
     def recv(self, peer: int) -> torch.Tensor:
+        started = time.perf_counter()
         header = torch.zeros(2 + _MAX_DIMS, dtype=torch.int64, device=self.device)
         dist.recv(header, src=peer)
         ndim = int(header[1])
         shape = [int(size) for size in header[2:2 + ndim]]
         tensor = torch.empty(shape, dtype=_DTYPES[int(header[0])], device=self.device)
         dist.recv(tensor, src=peer)
+        self.recv_wait_s += time.perf_counter() - started
         return tensor
 
     def wait_sends(self) -> None:
