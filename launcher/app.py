@@ -12,6 +12,7 @@ from launcher.errors import UsageError
 from launcher.planning.hostfile import Host, load_hostfile
 from launcher.planning.plan import JobPlan, LaunchOptions, build_plan
 from launcher.planning.render import describe_plan, plan_to_json
+from launcher.planning.topology import build_layout, check_tensor_groups_within_nodes, describe_layout, sizes_from_sections
 from launcher.wire import ControlEndpoint
 
 _OPTION_FIELDS = set(LaunchOptions.__dataclass_fields__)
@@ -54,18 +55,23 @@ def run(options: LaunchOptions, mode: Mode) -> int:
     plan = build_plan(hosts, options, machine)
     if options.script:
         _check_script(options, plan)
-    if options.config:
-        _check_config(options, plan)
+    layout = _check_config(options, plan) if options.config else None
     if mode.check:
         from launcher.control.check import run_check
         return run_check(plan, hosts, options, as_json=mode.as_json)
     runner = get_runner(plan.launcher)
     if mode.dry_run:
         commands = runner.render(plan, ControlEndpoint())
+        host_of = {rank.rank: node.host for node in plan.nodes for rank in node.ranks}
         if mode.as_json:
-            print(json.dumps(plan_to_json(plan, commands), indent=2))
+            document = plan_to_json(plan, commands)
+            if layout is not None:
+                document["topology"] = layout.to_json(host_of)
+            print(json.dumps(document, indent=2))
         else:
             print(describe_plan(plan, commands))
+            if layout is not None:
+                print(describe_layout(layout, host_of))
         return 0
     for note in plan.notes:
         console.say(note)
@@ -100,9 +106,18 @@ def _check_script(options: LaunchOptions, plan: JobPlan) -> None:
                          hint="check the path; with -m/--module give a module name")
 
 
-def _check_config(options: LaunchOptions, plan: JobPlan) -> None:
+def _check_config(options: LaunchOptions, plan: JobPlan):
+    """Validate the engine config; with pipeline/tensor sizes in it, return the job's 3D layout."""
     path = options.config if os.path.isabs(options.config) else os.path.join(plan.workdir, options.config)
     if not os.path.isfile(path):
         raise UsageError(f"config '{options.config}' not found")
     from launcher.zero.config import load_config  # torch-free by design
-    load_config(path, world_size=plan.world_size)
+    sections = load_config(path).unsupported
+    pipe, tensor = sizes_from_sections(sections.get("pipeline"), sections.get("tensor_parallel"))
+    if pipe == 1 and tensor == 1:
+        load_config(path, world_size=plan.world_size)
+        return None
+    layout = build_layout(plan.world_size, pipe, tensor, source=options.config)
+    check_tensor_groups_within_nodes(layout, {r.rank: n.host for n in plan.nodes for r in n.ranks}, options.config)
+    load_config(path, world_size=layout.data)   # the batch triplet counts data-parallel ranks
+    return layout
