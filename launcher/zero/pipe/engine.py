@@ -83,6 +83,17 @@ class PipelineEngine:
     def __call__(self, *args, **kwargs):
         raise ConfigError("a pipeline engine is not called per micro-batch", hint="use engine.train_batch(data_iter)")
 
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True) -> str:
+        """Collective: every stage's layers and optimizer under ``save_dir/<tag>`` (see pipe/checkpoint.py)."""
+        from launcher.zero.pipe.checkpoint import save
+        return save(self, save_dir, tag, client_state)
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True, load_optimizer_states: bool = True,
+                        load_lr_scheduler_states: bool = True, **_ignored):
+        """Returns ``(tag folder, client_state)``, or ``(None, None)`` when there is no checkpoint."""
+        from launcher.zero.pipe.checkpoint import load
+        return load(self, load_dir, tag, load_module_strict, load_optimizer_states, load_lr_scheduler_states)
+
     # ---- ties ---------------------------------------------------------------------------
     def _build_tie_groups(self) -> dict[str, tuple[list[int], Any]]:
         """For each tie key spread over several stages, the group of its copies at this rank's coordinates."""

@@ -64,21 +64,21 @@ def data(dp: int, gas: int):
     return torch.randn(count, 8, generator=generator), torch.randn(count, 8, generator=generator)
 
 
-def micro_batches(x, y, dp: int, gas: int, data_rank: int):
-    for step in range(STEPS):
+def micro_batches(x, y, dp: int, gas: int, data_rank: int, first_step: int = 0):
+    for step in range(first_step, STEPS):
         for micro in range(gas):
             start = ((step * gas + micro) * dp + data_rank) * MBS
             yield x[start:start + MBS], y[start:start + MBS]
 
 
-def reference(model: str, dp: int, gas: int):
+def reference(model: str, dp: int, gas: int, steps: int = STEPS):
     layers = reference_layers(model)
     net = nn.Sequential(*layers)
     unique = list({id(p): p for p in net.parameters()}.values())
     optimizer = torch.optim.AdamW(unique, lr=LR, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.01)
     x, y = data(dp, gas)
     losses = []
-    for step in range(STEPS):
+    for step in range(steps):
         per_step = []
         for micro in range(gas):
             for data_rank in range(dp):
@@ -108,10 +108,19 @@ def main():
               "pipeline": {"schedule": schedule}}
     engine, _, _, _ = zero.initialize(model=module, config=config)
     dp = engine.grid.get_data_parallel_world_size()
+    mode, folder = (sys.argv[7], sys.argv[8]) if len(sys.argv) > 8 else ("train", None)
+    first, last, extra = (0, STEPS // 2, {}) if mode == "save" else (0, STEPS, {})
+    if mode == "resume":
+        engine.load_checkpoint(folder)
+        first = engine.global_steps
+        extra["consolidated_error"] = _consolidated_error(folder, reference(model, dp, gas, steps=first)[0], module)
     x, y = data(dp, gas)
-    batches = micro_batches(x, y, dp, gas, engine.grid.get_data_parallel_rank())
-    losses = [(float(engine.train_batch(batches)), engine.get_global_grad_norm()) for _ in range(STEPS)]
-    layers, ref_losses = reference(model, dp, gas)
+    batches = micro_batches(x, y, dp, gas, engine.grid.get_data_parallel_rank(), first_step=first)
+    losses = [(float(engine.train_batch(batches)), engine.get_global_grad_norm()) for _ in range(first, last)]
+    if mode == "save":
+        engine.save_checkpoint(folder)
+    layers, ref_losses = reference(model, dp, gas, steps=last)
+    ref_losses = ref_losses[first:]
     error = 0.0
     for key, value in engine.module.named_parameters():
         index, _, name = key.partition(".")
@@ -123,10 +132,22 @@ def main():
     print("RESULT " + json.dumps({
         "rank": int(os.environ["RANK"]), "stage": engine.grid.get_stage_id(), "dp": dp,
         "data_rank": engine.grid.get_data_parallel_rank(), "parts": module.parts, "keys": sorted(engine.state_dict()),
-        "max_abs_error": error, "losses": losses, "reference_losses": ref_losses,
+        "max_abs_error": error, "losses": losses, "global_steps": engine.global_steps, **extra, "reference_losses": ref_losses,
         "param_bytes": sum(p.numel() * p.element_size() for p in engine.parameters()), "tensor": tensor,
         "model_rank": grid.get_model_parallel_rank(),
         "reference_param_counts": [sum(p.numel() for p in layer.parameters()) for layer in layers]}), flush=True)
+
+
+def _consolidated_error(folder, layers, module) -> float:
+    """dslaunch-zero-to-fp32's full state dict against the reference model at the same step."""
+    state = zero.get_fp32_state_dict_from_zero_checkpoint(folder)
+    error = 0.0
+    for key, value in state.items():
+        index, _, name = key.partition(".")
+        owner = layers[int(index)] if index.isdigit() else _tied(layers, module, name.split(".")[0])
+        expected = owner.get_parameter(name if index.isdigit() else name.split(".", 1)[1]).detach()
+        error = max(error, (value - expected).abs().max().item())
+    return error
 
 
 def _tied(layers, module, key: str):
