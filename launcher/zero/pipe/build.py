@@ -23,6 +23,10 @@ def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source,
     cfg = load_config(source, world_size=data_parallel_size)
     _check_supported(cfg)
     schedule = _schedule_name(cfg)
+    stages = (cfg.unsupported.get("pipeline") or {}).get("stages", "auto")
+    if stages not in ("auto", None) and stages != module.num_stages:
+        raise ConfigError(f"pipeline.stages is {stages} but the PipelineModule has {module.num_stages} stages",
+                          hint='make them agree, or set "stages": "auto"')
     device = torch.device("cpu") if not torch.cuda.is_available() else torch.device("cuda", torch.cuda.current_device())
     module.to(device=device)
     params = [p for p in module.parameters() if p.requires_grad]
