@@ -9,10 +9,12 @@ import torch
 
 from launcher.zero.config import load_config
 from launcher.zero.errors import ConfigError
+from launcher.zero.loss_scaler import LossScaler, rules_from_config
 from launcher.zero.optim import build_optimizer
 from launcher.zero.pipe.engine import PipelineEngine
 from launcher.zero.pipe.module import PipelineModule
 from launcher.zero.pipe.schedule import SCHEDULES
+from launcher.zero.precision import precision_policy
 from launcher.zero.sched import build_scheduler
 
 
@@ -28,14 +30,21 @@ def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source,
         raise ConfigError(f"pipeline.stages is {stages} but the PipelineModule has {module.num_stages} stages",
                           hint='make them agree, or set "stages": "auto"')
     device = torch.device("cpu") if not torch.cuda.is_available() else torch.device("cuda", torch.cuda.current_device())
-    module.to(device=device)
+    precision = precision_policy(cfg)
+    module.to(device=device, dtype=precision.param_dtype)
     params = [p for p in module.parameters() if p.requires_grad]
-    if not params:
+    masters = None
+    if precision.param_dtype != torch.float32:     # fp16 / bf16: the optimizer steps fp32 copies
+        masters = [torch.nn.Parameter(p.detach().float().clone()) for p in params]
+    stepped = masters if masters is not None else params
+    if not stepped:
         # a stage of parameter-free layers (Tanh, reshapes) still steps a scheduler; torch.optim wants a parameter
-        params = [torch.nn.Parameter(torch.zeros(0, device=device))]
-    optimizer = _optimizer(optimizer, params, cfg)
+        stepped = [torch.nn.Parameter(torch.zeros(0, device=device))]
+    optimizer = _optimizer(optimizer, stepped, cfg)
     scheduler = _scheduler(lr_scheduler, optimizer, cfg)
-    engine = PipelineEngine(module, optimizer, scheduler, cfg, device, schedule=schedule)
+    scaler = LossScaler(rules_from_config(cfg.fp16, 0)) if cfg.fp16.enabled else None
+    engine = PipelineEngine(module, optimizer, scheduler, cfg, device, schedule=schedule, masters=masters,
+                            loss_scaler=scaler)
     dataloader = None
     if training_data is not None:
         from torch.utils.data import DataLoader, DistributedSampler
@@ -53,9 +62,6 @@ def _check_supported(cfg) -> None:
         raise ConfigError(f"zero_optimization.stage {cfg.zero_stage} with pipeline parallelism is not supported "
                           "(this engine runs pipelines at stage 0; DeepSpeed refuses stages 2-3 with pipelines)",
                           hint='set "zero_optimization": {"stage": 0}')
-    if cfg.fp16.enabled or cfg.bf16.enabled:
-        raise ConfigError("fp16/bf16 with pipeline parallelism is not supported yet (fp32 only)",
-                          hint='remove "fp16"/"bf16" from the config')
 
 
 def _schedule_name(cfg) -> str:

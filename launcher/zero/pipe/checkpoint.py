@@ -126,6 +126,10 @@ def load(engine, load_dir, tag=None, load_module_strict: bool = True, load_optim
     for key in module.tied_modules:
         module.tied_modules[key].load_state_dict(_read(path, tied_file(key, model_rank))["state"],
                                                  strict=load_module_strict)
+    if engine.masters is not None:   # fp16/bf16: the masters restart from the saved (fp32) weights
+        with torch.no_grad():
+            for param, master in engine._holders():
+                master.copy_(param.float())
     if load_optimizer_states:
         _load_optimizer(engine, path, metadata, model_rank, load_lr_scheduler_states)
     client = _read(path, "client_state.pt")["client_state"]

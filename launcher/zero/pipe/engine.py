@@ -26,8 +26,12 @@ class PipelineEngine:
     """DeepSpeed's ``PipelineEngine`` surface: ``train_batch``, ``eval_batch``, ``grid``, counters."""
 
     def __init__(self, module: PipelineModule, optimizer, lr_scheduler, config, device: torch.device,
-                 schedule: str = "1f1b"):
+                 schedule: str = "1f1b", masters: list | None = None, loss_scaler=None):
         self.module = module
+        # fp16/bf16: the optimizer steps fp32 ``masters`` (one per trainable parameter, same order)
+        self.masters = masters
+        self.loss_scaler = loss_scaler
+        self._param_dtype = next((p.dtype for p in module.parameters()), torch.float32)
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
         self.config = config
@@ -135,6 +139,8 @@ class PipelineEngine:
     def _forward(self, micro: int, batch: Any, state: dict) -> None:
         if self.is_first_stage():
             inputs = _to(batch[0], self.device)
+            if isinstance(inputs, torch.Tensor) and inputs.is_floating_point():
+                inputs = inputs.to(self._param_dtype)
         else:
             inputs = self._link.recv(self._peer(self.stage_id - 1))
             if torch.is_grad_enabled() and inputs.is_floating_point():
@@ -151,7 +157,8 @@ class PipelineEngine:
     def _backward(self, micro: int, state: dict) -> None:
         inputs, outputs = state["inputs"].pop(micro), state["outputs"].pop(micro)
         if self.is_last_stage():
-            (outputs / self.micro_batches).backward()
+            scale = self.loss_scaler.scale if self.loss_scaler is not None else 1.0
+            (outputs.float() * (scale / self.micro_batches)).backward()
         else:
             grad = self._link.recv(self._peer(self.stage_id + 1))
             torch.autograd.backward(outputs, grad_tensors=grad)
@@ -212,23 +219,33 @@ class PipelineEngine:
     def _params(self) -> list[torch.nn.Parameter]:
         return [p for p in self.module.parameters() if p.requires_grad]
 
-    def _reduce_gradients(self) -> None:
+    def _holders(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+        """(parameter, the tensor whose .grad the step uses): the parameter itself, or its fp32 master."""
         params = self._params()
-        for param in params:
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-        if self.grid.data_parallel_size > 1 and params:
-            flat = _flatten_dense_tensors([p.grad for p in params])
+        return list(zip(params, self.masters if self.masters is not None else params))
+
+    def _reduce_gradients(self) -> None:
+        holders = self._holders()
+        for param, holder in holders:
+            grad = param.grad if param.grad is not None else torch.zeros_like(param)
+            if holder is not param:            # 16-bit gradients become fp32 before any sum
+                holder.grad, param.grad = grad.float(), None
+            else:
+                param.grad = grad
+        grads = [holder.grad for _, holder in holders]
+        if self.grid.data_parallel_size > 1 and grads:
+            flat = _flatten_dense_tensors(grads)
             dist.all_reduce(flat, group=self.grid.get_data_parallel_group())
             flat /= self.grid.data_parallel_size
-            for param, reduced in zip(params, _unflatten_dense_tensors(flat, [p.grad for p in params])):
-                param.grad.copy_(reduced)
+            for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+                grad.copy_(reduced)
+        holder_of = {id(param): holder for param, holder in holders}
         for key, (_, group) in self._tie_groups.items():
             for param in self._tied_params(key):
-                dist.all_reduce(param.grad, group=group)
+                dist.all_reduce(holder_of[id(param)].grad, group=group)
 
     def _norm_and_overflow(self) -> tuple[float, bool]:
-        """The one global L2 norm over all three axes.
+        """The one global L2 norm over all three axes (times the fp16 loss scale).
 
         Data replicas hold equal (averaged) gradients, so the data axis is not summed; tensor
         shards are summed over the tensor group while replicated parameters count once; stages
@@ -237,8 +254,8 @@ class PipelineEngine:
         skip = {id(p) for key, (ranks, _) in self._tie_groups.items() if ranks[0] != self.global_rank
                 for p in self._tied_params(key)}
         totals = torch.zeros(3, dtype=torch.float64, device=self.device)   # sharded, replicated, non-finite
-        for param in self._params():
-            grad = param.grad.detach()
+        for param, holder in self._holders():
+            grad = holder.grad.detach()
             finite = bool(torch.isfinite(grad).all())
             totals[2] += 0.0 if finite else 1.0
             if finite and id(param) not in skip:
@@ -255,18 +272,28 @@ class PipelineEngine:
     def _step(self) -> None:
         self._reduce_gradients()
         norm, overflow = self._norm_and_overflow()
+        scale = self.loss_scaler.scale if self.loss_scaler is not None else 1.0
         if overflow:
             self.skipped_steps += 1
             self._global_grad_norm = None
         else:
+            norm /= scale
             clip = self.config.gradient_clipping
-            if clip > 0 and norm + 1e-6 > clip:
-                for param in self._params():
-                    param.grad.mul_(clip / (norm + 1e-6))
+            # unscale and clip in one pass, as the data-parallel engine does
+            combined = scale * max(1.0, (norm + 1e-6) / clip) if clip > 0 else scale
+            if combined != 1.0:
+                for _, holder in self._holders():
+                    holder.grad.mul_(1.0 / combined)
             self.optimizer.step()
+            if self.masters is not None:
+                with torch.no_grad():
+                    for param, master in self._holders():
+                        param.copy_(master)
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step()
             self._global_grad_norm = norm
+        if self.loss_scaler is not None:
+            self.loss_scaler.update(overflow)
         self.optimizer.zero_grad(set_to_none=True)
         self.global_steps += 1
 
