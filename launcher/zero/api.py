@@ -17,6 +17,7 @@ from launcher.zero.errors import ConfigError
 from launcher.zero.loss_scaler import LossScaler, rules_from_config
 from launcher.zero.monitor import Monitor
 from launcher.zero.optim import build_optimizer, check_zero_support
+from launcher.zero.parallel.topology import check_autotp_size
 from launcher.zero.precision import precision_policy
 from launcher.zero.sched import build_scheduler
 from launcher.zero.stages.base import StrategyContext, resolve_strategy
@@ -44,6 +45,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     if mpu is not None:
         dist_context = _data_parallel_context(mpu, dist_context)
     cfg = load_config(source, world_size=dist_context.world_size)
+    check_autotp_size(cfg.unsupported, mpu.get_model_parallel_world_size() if mpu is not None else 1)
     precision = precision_policy(cfg)
     model.to(device=dist_context.device, dtype=precision.param_dtype)
 

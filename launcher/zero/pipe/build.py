@@ -11,6 +11,7 @@ from launcher.zero.config import load_config
 from launcher.zero.errors import ConfigError
 from launcher.zero.loss_scaler import LossScaler, rules_from_config
 from launcher.zero.optim import build_optimizer
+from launcher.zero.parallel.topology import check_autotp_size
 from launcher.zero.pipe.engine import PipelineEngine
 from launcher.zero.pipe.module import PipelineModule
 from launcher.zero.pipe.schedule import SCHEDULES
@@ -24,6 +25,7 @@ def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source,
     data_parallel_size = max(1, topo.get_dim("data"))
     cfg = load_config(source, world_size=data_parallel_size)
     _check_supported(cfg)
+    check_autotp_size(cfg.unsupported, max(1, topo.get_dim("model")))
     schedule = _schedule_name(cfg)
     stages = (cfg.unsupported.get("pipeline") or {}).get("stages", "auto")
     if stages not in ("auto", None) and stages != module.num_stages:

@@ -58,3 +58,12 @@ def test_bad_sizes_are_config_errors(call, match):
 def test_topology_for_puts_the_rest_on_the_data_axis():
     topo = topology_for(8, pipe=2, model=2)
     assert (topo.get_dim("pipe"), topo.get_dim("data"), topo.get_dim("model")) == (2, 2, 2)
+
+
+def test_autotp_size_must_match_the_tensor_size_used():
+    from launcher.zero.parallel.topology import check_autotp_size
+    check_autotp_size({}, 1)
+    check_autotp_size({"tensor_parallel": {"autotp_size": 2}}, 2)
+    check_autotp_size({"tensor_parallel": {"autotp_size": 1}}, 1)
+    with pytest.raises(ConfigError, match="autotp_size is 2 but the model runs with tensor-parallel size 1"):
+        check_autotp_size({"tensor_parallel": {"autotp_size": 2}}, 1)
