@@ -37,14 +37,25 @@ def _check_partition_bytes(records):
         assert record["param_bytes"] == 4 * sum(owned), record
 
 
-@pytest.mark.parametrize("schedule, gas", [("1f1b", 2), ("gpipe", 3)])
-def test_pipeline_2_x_data_2_matches_adamw(schedule, gas):
-    records = _run(2, schedule, "plain", gas, "parameters")
+@pytest.mark.parametrize("schedule, gas, model", [("1f1b", 2, "plain"), ("gpipe", 3, "plain"),
+                                                 ("1f1b", 2, "plain+ckpt")])
+def test_pipeline_2_x_data_2_matches_adamw(schedule, gas, model):
+    """"plain+ckpt": activation_checkpoint_interval=2 recomputes the stage's layers in backward."""
+    records = _run(2, schedule, model, gas, "parameters")
     _check_parity(records)
     _check_partition_bytes(records)
     # pipe-major: ranks 0, 1 are stage 0 (data 0, 1); ranks 2, 3 stage 1
     assert [(r["stage"], r["data_rank"]) for r in records] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert records[0]["parts"] == [0, 2, 5]    # 144 | 272 + 136: uneven layer counts
+    # every layer module runs once per micro-batch; checkpointed, backward recomputes some of them
+    # (non-reentrant checkpointing stops recomputing once the saved tensors it needs are back)
+    per_pass = [2, 3]   # modules on stage 0 (Linear, Tanh), stage 1 (Linear, Tanh, Linear)
+    for record in records:
+        layers = per_pass[record["stage"]] * gas * 4
+        if model.endswith("+ckpt"):
+            assert layers < record["layer_forwards"] <= 2 * layers, record
+        else:
+            assert record["layer_forwards"] == layers, record
     assert records[0]["keys"] == ["0.bias", "0.weight"]
     assert records[2]["keys"] == ["2.bias", "2.weight", "4.bias", "4.weight"]
 

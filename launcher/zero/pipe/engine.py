@@ -206,6 +206,9 @@ class PipelineEngine:
     def eval_batch(self, data_iter: Iterator, return_logits: bool = False, compute_loss: bool = True,
                    reduce_output: str = "avg", num_micro_batches: int | None = None) -> torch.Tensor:
         """Forward ``num_micro_batches`` (default: gradient_accumulation_steps) without gradients; mean loss."""
+        if return_logits or not compute_loss or reduce_output != "avg":
+            raise ConfigError("eval_batch: only the averaged loss is returned by this engine",
+                              hint="eval_batch(data_iter) with the defaults")
         self.module.eval()
         count = num_micro_batches or self.micro_batches
         saved, self.micro_batches = self.micro_batches, count

@@ -161,7 +161,10 @@ class PipelineModule(nn.Module):
             return x
         for start in range(0, len(funcs), interval):
             chunk = funcs[start:start + interval]
-            x = self.activation_checkpoint_func(_run_chunk(chunk), x, use_reentrant=False)
+            if self.activation_checkpoint_func is checkpoint:
+                x = checkpoint(_run_chunk(chunk), x, use_reentrant=False)
+            else:   # e.g. zero.checkpointing.checkpoint, DeepSpeed's signature fn(function, *args)
+                x = self.activation_checkpoint_func(_run_chunk(chunk), x)
         return x
 
     def topology(self) -> ProcessTopology:

@@ -96,17 +96,21 @@ def reference(model: str, dp: int, gas: int, steps: int = STEPS):
 def main():
     num_stages, schedule, model, gas, method = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
     tensor = int(sys.argv[6]) if len(sys.argv) > 6 else 1
+    model, _, checkpointed = model.partition("+")   # "plain+ckpt": activation checkpoint every 2 layers
     zero.init_distributed()
     world_size = int(os.environ["WORLD_SIZE"])
     grid = ParallelGrid(PipeModelDataParallelTopology(num_stages, tensor, world_size // (num_stages * tensor)))
     module = PipelineModule(specs(model, grid.get_model_parallel_group() if tensor > 1 else None), topology=grid,
                             loss_fn=nn.functional.mse_loss, partition_method=method, seed_layers=True,
-                            base_seed=BASE_SEED)
+                            base_seed=BASE_SEED, activation_checkpoint_interval=2 if checkpointed else 0)
     config = {"train_micro_batch_size_per_gpu": MBS, "gradient_accumulation_steps": gas, "gradient_clipping": CLIP,
               "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": [0.9, 0.99], "eps": 1e-8,
                                                         "weight_decay": 0.01}},
               "pipeline": {"schedule": schedule}}
     engine, _, _, _ = zero.initialize(model=module, config=config)
+    calls = [0]
+    for child in module.children():
+        child.register_forward_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
     dp = engine.grid.get_data_parallel_world_size()
     mode, folder = (sys.argv[7], sys.argv[8]) if len(sys.argv) > 8 else ("train", None)
     first, last, extra = (0, STEPS // 2, {}) if mode == "save" else (0, STEPS, {})
@@ -133,7 +137,7 @@ def main():
         "rank": int(os.environ["RANK"]), "stage": engine.grid.get_stage_id(), "dp": dp,
         "data_rank": engine.grid.get_data_parallel_rank(), "parts": module.parts, "keys": sorted(engine.state_dict()),
         "max_abs_error": error, "losses": losses, "global_steps": engine.global_steps, **extra, "reference_losses": ref_losses,
-        "param_bytes": sum(p.numel() * p.element_size() for p in engine.parameters()), "tensor": tensor,
+        "param_bytes": sum(p.numel() * p.element_size() for p in engine.parameters()), "tensor": tensor, "layer_forwards": calls[0],
         "model_rank": grid.get_model_parallel_rank(),
         "reference_param_counts": [sum(p.numel() for p in layer.parameters()) for layer in layers]}), flush=True)
 
