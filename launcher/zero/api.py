@@ -78,6 +78,8 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     engine = ZeroEngine(EngineParts(module=model, optimizer=optimizer, lr_scheduler=scheduler, config=cfg,
                                     dist=dist_context, precision=precision, strategy=strategy,
                                     loss_scaler=scaler, monitor=monitor, dataloader=dataloader))
+    if mpu is not None:
+        engine.tensor_parallel_size = mpu.get_model_parallel_world_size()
     return engine, optimizer, dataloader, scheduler
 
 
