@@ -5,6 +5,12 @@
 Runs on CPU (gloo) or GPU (NCCL). The launcher appends ``--local_rank=N`` and sets RANK,
 WORLD_SIZE, MASTER_ADDR and MASTER_PORT; ``zero.initialize`` reads them. The training loop is
 DeepSpeed's: ``loss = engine(x, y)``, ``engine.backward(loss)``, ``engine.step()``.
+
+In 3D (pipeline stages x tensor-parallel blocks x ZeRO-0 data parallelism; ``gpt3d.py``)::
+
+    dslaunch --num_gpus 8 examples/train_gpt.py --pipeline 2 --tensor 2 --config examples/configs/pipe3d.json
+
+where the step is ``loss = engine.train_batch(batches)`` (gradient_accumulation_steps micro-batches).
 """
 from __future__ import annotations
 
@@ -107,9 +113,13 @@ def main() -> None:
     parser.add_argument("--save_dir", default=None, help="save a checkpoint here at the end")
     parser.add_argument("--resume", action="store_true", help="first load the latest checkpoint in --save_dir")
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--pipeline", type=int, default=None, help="pipeline stages (3D training, gpt3d.py)")
+    parser.add_argument("--tensor", type=int, default=None, help="tensor-parallel ranks per stage (3D training)")
     args = parser.parse_args()
     if args.resume and not args.save_dir:
         parser.error("--resume needs --save_dir (the folder to load the latest checkpoint from)")
+    if args.pipeline or args.tensor:
+        return train_3d(args)
 
     torch.manual_seed(args.seed)  # same initial weights on every rank
     data, chars = load_corpus(Path(args.data))
@@ -153,6 +163,45 @@ def main() -> None:
         print(f"[train_gpt] first loss {first_loss:.4f} (ln vocab = {math.log(len(chars)):.4f}) -> "
               f"val loss {sum(losses) / len(losses):.4f} in {elapsed:.1f}s")
         print(f"[train_gpt] memory_breakdown (MiB): {mib}")
+
+
+def train_3d(args) -> None:
+    """The same GPT over a pipe x data x tensor grid; every data rank draws its own batches."""
+    import os
+
+    from gpt3d import build_pipeline_gpt
+
+    from launcher.zero.parallel.grid import ParallelGrid
+    from launcher.zero.parallel.topology import topology_for
+
+    zero.init_distributed()
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    grid = ParallelGrid(topology_for(world_size, pipe=args.pipeline or 1, model=args.tensor or 1))
+    data, chars = load_corpus(Path(args.data))
+    split = int(0.9 * len(data))
+    train, val = data[:split], data[split:]
+    module = build_pipeline_gpt(grid, vocab=len(chars), block_size=args.block_size)
+    engine, _, _, _ = zero.initialize(model=module, config=args.config)
+    micro, data_rank = engine.train_micro_batch_size_per_gpu(), grid.get_data_parallel_rank()
+    generator = torch.Generator().manual_seed(args.seed + 1000 * data_rank)   # tensor ranks share batches
+    batches = iter(lambda: get_batch(train, micro, args.block_size, generator, engine.device), None)
+    started = time.perf_counter()
+    first_loss = float(engine.train_batch(batches))
+    while engine.global_steps < args.steps:
+        loss = engine.train_batch(batches)
+    elapsed = time.perf_counter() - started
+    eval_gen = torch.Generator().manual_seed(0)
+    val_loss = float(engine.eval_batch(iter(lambda: get_batch(val, 16, args.block_size, eval_gen, engine.device), None),
+                                       num_micro_batches=8))
+    if args.save_dir:
+        engine.save_checkpoint(args.save_dir)
+    if engine.global_rank == 0:
+        params = sum(p.numel() for p in module.parameters())
+        print(f"[train_gpt] 3D pipe={grid.get_pipe_parallel_world_size()} data={grid.get_data_parallel_world_size()} "
+              f"tensor={grid.get_model_parallel_world_size()} stage-0 params on rank 0={params} "
+              f"steps={engine.global_steps} last loss {float(loss):.4f}")
+        print(f"[train_gpt] first loss {first_loss:.4f} (ln vocab = {math.log(len(chars)):.4f}) -> "
+              f"val loss {val_loss:.4f} in {elapsed:.1f}s")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from launcher.planning import redact
 from launcher.planning.hostfile import Host, load_hostfile
 from launcher.planning.plan import JobPlan, LaunchOptions, build_plan
 from launcher.planning.render import describe_plan, plan_to_json
+from launcher.planning.topology import build_layout, check_tensor_groups_within_nodes, describe_layout, sizes_from_sections
 from launcher.wire import ControlEndpoint
 
 _OPTION_FIELDS = set(LaunchOptions.__dataclass_fields__)
@@ -57,8 +58,7 @@ def run(options: LaunchOptions, mode: Mode) -> int:
     plan = build_plan(hosts, options, machine)
     if options.script:
         _check_script(options, plan)
-    if options.config:
-        _check_config(options, plan)
+    layout = _check_config(options, plan) if options.config else None
     patterns = redact.secret_patterns(machine.environ.get(redact.PATTERNS_VARIABLE))
     if not mode.show_secrets:
         console.hide_values(redact.secret_values(plan, patterns, machine.environ))
@@ -70,10 +70,16 @@ def run(options: LaunchOptions, mode: Mode) -> int:
         commands = runner.render(plan, ControlEndpoint())
         if not mode.show_secrets:
             plan = redact.redacted_plan(plan, patterns)
+        host_of = {rank.rank: node.host for node in plan.nodes for rank in node.ranks}
         if mode.as_json:
-            print(json.dumps(plan_to_json(plan, commands), indent=2))
+            document = plan_to_json(plan, commands)
+            if layout is not None:
+                document["topology"] = layout.to_json(host_of)
+            print(json.dumps(document, indent=2))
         else:
             print(describe_plan(plan, commands))
+            if layout is not None:
+                print(describe_layout(layout, host_of))
         return 0
     for note in plan.notes:
         console.say(note)
@@ -108,14 +114,24 @@ def _check_script(options: LaunchOptions, plan: JobPlan) -> None:
                          hint="check the path; with -m/--module give a module name")
 
 
-def _check_config(options: LaunchOptions, plan: JobPlan) -> None:
+def _check_config(options: LaunchOptions, plan: JobPlan):
+    """Validate the engine config; with pipeline/tensor sizes in it, return the job's 3D layout."""
     path = options.config if os.path.isabs(options.config) else os.path.join(plan.workdir, options.config)
     if not os.path.isfile(path):
         raise UsageError(f"config '{options.config}' not found")
     from launcher.zero.config import load_config  # torch-free by design
     from launcher.zero.config_checks import check_without_model
     try:
-        check_without_model(load_config(path, world_size=plan.world_size))
+        sections = load_config(path).unsupported
+        pipe, tensor = sizes_from_sections(sections.get("pipeline"), sections.get("tensor_parallel"))
+        layout, data_ranks = None, plan.world_size
+        if pipe != 1 or tensor != 1:
+            layout = build_layout(plan.world_size, pipe, tensor, source=options.config)
+            check_tensor_groups_within_nodes(layout, {r.rank: n.host for n in plan.nodes for r in n.ranks},
+                                             options.config)
+            data_ranks = layout.data   # the batch triplet counts data-parallel ranks
+        check_without_model(load_config(path, world_size=data_ranks))
     except ConfigError as error:
         raise ConfigError(f"{path}: {error.message}" if path not in error.message else error.message,
                           hint=error.hint) from None
+    return layout

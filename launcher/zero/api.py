@@ -18,6 +18,7 @@ from launcher.zero.errors import ConfigError
 from launcher.zero.loss_scaler import LossScaler, rules_from_config
 from launcher.zero.monitor import Monitor, ready_line
 from launcher.zero.optim import build_optimizer, check_zero_support
+from launcher.zero.parallel.topology import check_autotp_size
 from launcher.zero.precision import precision_policy
 from launcher.zero.sched import build_scheduler
 from launcher.zero.stages.base import StrategyContext, resolve_strategy
@@ -37,11 +38,16 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     failure.install(_rank_of(environ), environ)
     if model is None:
         raise ConfigError("zero.initialize: model is required", hint="zero.initialize(model=model, config=...)")
-    if mpu is not None:
-        raise ConfigError("zero.initialize: model parallelism (mpu) is not supported", hint="remove mpu=")
     source = _config_source(config, config_params, args, environ.get("DSLAUNCH_CONFIG"))
+    if _is_pipeline(model):
+        from launcher.zero.pipe.build import initialize_pipeline
+
+        return initialize_pipeline(model, optimizer, lr_scheduler, source, training_data, collate_fn)
     dist_context = context_from_group(process_group) if process_group is not None else init_distributed(env=environ)
+    if mpu is not None:
+        dist_context = _data_parallel_context(mpu, dist_context)
     cfg = load_config(source, world_size=dist_context.world_size)
+    check_autotp_size(cfg.unsupported, mpu.get_model_parallel_world_size() if mpu is not None else 1)
     precision = precision_policy(cfg)
     model.to(device=dist_context.device, dtype=precision.param_dtype)
 
@@ -53,8 +59,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     if handles_comm and cfg.zero_stage != 0:
         raise ConfigError(f"optimizer {type(optimizer).__name__} does its own gradient communication and needs "
                           f"zero_optimization.stage 0 (got {cfg.zero_stage})", hint="set zero_optimization.stage to 0")
-    strategy_cls = resolve_strategy(cfg.zero_stage, offload=cfg.zero_optimization.offload_optimizer_active)
-    strategy = strategy_cls(StrategyContext(config=cfg, dist=dist_context, precision=precision,
+    strategy = _strategy_class(cfg, mpu, model)(StrategyContext(config=cfg, dist=dist_context, precision=precision,
                                             reduce_gradients=not handles_comm))
     strategy.setup(model, optimizer)
     scheduler = _build_scheduler(lr_scheduler, optimizer, cfg)
@@ -62,16 +67,33 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     monitor = Monitor(cfg, dist_context.rank)
     for name in cfg.unsupported:
         monitor.log(f"config section '{name}' is accepted but has no effect in this engine")
-    dataloader = None
-    if training_data is not None:
-        from launcher.zero.data import build_dataloader
-
-        dataloader = build_dataloader(training_data, cfg, dist_context, collate_fn)
+    dataloader = _dataloader(training_data, cfg, dist_context, collate_fn)
     engine = ZeroEngine(EngineParts(module=model, optimizer=optimizer, lr_scheduler=scheduler, config=cfg,
                                     dist=dist_context, precision=precision, strategy=strategy,
                                     loss_scaler=scaler, monitor=monitor, dataloader=dataloader))
+    if mpu is not None:
+        engine.tensor_parallel_size = mpu.get_model_parallel_world_size()
     _say_ready(engine, monitor, param_count)
     return engine, optimizer, dataloader, scheduler
+
+
+def _strategy_class(cfg, mpu, model) -> type:
+    """The stage's strategy; under tensor parallelism (``mpu``) one whose norm spans the tensor axis."""
+    strategy_cls = resolve_strategy(cfg.zero_stage, offload=cfg.zero_optimization.offload_optimizer_active)
+    if mpu is not None and mpu.get_model_parallel_world_size() > 1:
+        from launcher.zero.parallel.norm import sharded_parameter_names, with_tensor_parallel_norm
+
+        strategy_cls = with_tensor_parallel_norm(strategy_cls, mpu.get_model_parallel_group(),
+                                                 sharded_parameter_names(model))
+    return strategy_cls
+
+
+def _dataloader(training_data, cfg, dist_context: DistContext, collate_fn):
+    if training_data is None:
+        return None
+    from launcher.zero.data import build_dataloader
+
+    return build_dataloader(training_data, cfg, dist_context, collate_fn)
 
 
 def _say_ready(engine: ZeroEngine, monitor: Monitor, param_count: int) -> None:
@@ -87,6 +109,25 @@ def _say_ready(engine: ZeroEngine, monitor: Monitor, param_count: int) -> None:
 def _rank_of(environ: dict[str, str]) -> int:
     value = environ.get("RANK", "0")
     return int(value) if value.isdigit() else 0
+
+
+def _data_parallel_context(mpu, world: DistContext) -> DistContext:
+    """DeepSpeed's ``mpu``: ZeRO runs over its data-parallel group; the model-parallel group is the user's."""
+    needed = ("get_data_parallel_group", "get_data_parallel_world_size", "get_model_parallel_group",
+              "get_model_parallel_world_size")
+    missing = [name for name in needed if not callable(getattr(mpu, name, None))]
+    if missing:
+        raise ConfigError(f"zero.initialize: mpu lacks {', '.join(missing)}",
+                          hint="pass an object with get_(data|model)_parallel_(rank|world_size|group), "
+                               "e.g. launcher.zero.parallel.ParallelGrid(topology)")
+    return context_from_group(mpu.get_data_parallel_group(), device=world.device, local_rank=world.local_rank,
+                              local_world_size=world.local_world_size)
+
+
+def _is_pipeline(model) -> bool:
+    from launcher.zero.pipe.module import PipelineModule
+
+    return isinstance(model, PipelineModule)
 
 
 def _config_source(config, config_params, args, launcher_config: str | None) -> Any:

@@ -30,6 +30,10 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None, exclude_f
         raise CheckpointError(f"no 'latest' file in {checkpoint_dir}", hint="pass --tag (the name of a checkpoint folder)")
     path = fmt.tag_dir(checkpoint_dir, resolved)
     metadata = fmt.read_metadata(path)
+    if metadata.get("kind") == "pipeline":   # a pipeline / 3D checkpoint: per-layer files, tensor shards joined
+        from launcher.zero.pipe.checkpoint import consolidate
+
+        return OrderedDict(consolidate(path, metadata))
     module_state = fmt.load_file(os.path.join(path, fmt.MODEL_STATES))["module"]
     trainable = fmt.full_fp32_params(path, metadata)
     shared = metadata.get("shared_params", {})

@@ -69,7 +69,7 @@ class OnHost(OnDevice):
 
     * during the boundary's backward each owned gradient range is copied to the pinned host
       gradient on a side stream as soon as its reduction is final (``grad_ready``), in fp32,
-      cast on the device; ranges that never reported are copied at the step (``scale_grads``);
+      cast on the device; ranges that never reported are copied at the step (``give_grads``);
     * the norm and the overflow check read the device gradients (``norm_grads``);
     * unscaling and clipping are one factor that our CPU Adam applies as it reads each gradient
       (``grad_factor``); another optimizer gets its host grads multiplied first;
@@ -116,20 +116,20 @@ class OnHost(OnDevice):
             host.copy_(grad if grad.dtype == host.dtype else grad.to(host.dtype), non_blocking=True)
 
     def give_grads(self, masters: list[torch.Tensor], owned: list[torch.Tensor]) -> None:
-        """The host grads fill as the ranges report (``grad_ready``) and in ``scale_grads``."""
+        """The host grads: the reported ranges were copied while backward ran; copy any range
+        that did not report, and wait, so that whatever reads ``master.grad`` sees it whole."""
         self.owned = owned
-        for master, host in zip(masters, self.host_grads):
+        for position, (master, grad, host) in enumerate(zip(masters, owned, self.host_grads)):
+            if self.filled[position] != self.expected[position]:
+                self._copy_whole(grad, host)
             master.grad = host
+        self._wait()
 
     def norm_grads(self, masters: list[torch.Tensor]) -> list[torch.Tensor]:
         return list(self.owned)
 
     def scale_grads(self, masters: list[torch.Tensor], factor: float) -> None:
-        """Finish the copies (all of a range that did not report), then hand over the factor."""
-        for position, (grad, host) in enumerate(zip(self.owned, self.host_grads)):
-            if self.filled[position] != self.expected[position]:
-                self._copy_whole(grad, host)
-        self._wait()
+        """Unscaling and clipping: the CPU Adam applies the factor as it reads each gradient."""
         if self.optimizer_scales:
             self.optimizer.grad_factor = factor
         elif factor != 1.0:

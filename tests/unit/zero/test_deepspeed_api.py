@@ -117,16 +117,18 @@ def test_zero_namespace_and_ops():
     assert FusedLamb is zero.ops.lamb.FusedLamb
 
 
-def test_moe_and_pipe_say_not_supported():
+def test_moe_says_not_supported_and_pipe_exports_deepspeed_names():
     with pytest.raises(NotSupportedError, match="Mixture of Experts"):
         import launcher.zero.moe  # noqa: F401
     with pytest.raises(NotSupportedError, match="Mixture of Experts"):
         zero.moe  # noqa: B018
     import launcher.zero.pipe as pipe
-    with pytest.raises(NotSupportedError, match="pipeline parallelism"):
-        pipe.PipelineModule  # noqa: B018
-    with pytest.raises(ImportError, match="pipeline parallelism"):
-        from launcher.zero.pipe import LayerSpec  # noqa: F401
+    from launcher.zero.pipe import LayerSpec, PipelineModule, TiedLayerSpec  # noqa: F401
+    from launcher.zero.pipe import PipeDataParallelTopology, PipeModelDataParallelTopology, ProcessTopology  # noqa: F401
+    assert pipe.PipelineModule is PipelineModule and issubclass(TiedLayerSpec, LayerSpec)
+    assert zero.pipe is pipe
+    with pytest.raises(AttributeError):
+        pipe.NoSuchThing  # noqa: B018
 
 
 def test_shim_makes_deepspeed_modules_ours_not_copies():

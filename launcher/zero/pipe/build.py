@@ -1,0 +1,99 @@
+"""``zero.initialize`` for a ``PipelineModule``: config over the data axis, optimizer of this stage, engine.
+
+The batch triplet is resolved against the data-parallel size (``train_batch_size = micro batch x
+gradient_accumulation_steps x data-parallel ranks``), as DeepSpeed does for pipelines.
+"""
+from __future__ import annotations
+
+import torch
+
+from launcher.zero.config import load_config
+from launcher.zero.errors import ConfigError
+from launcher.zero.loss_scaler import LossScaler, rules_from_config
+from launcher.zero.optim import build_optimizer
+from launcher.zero.parallel.topology import check_autotp_size
+from launcher.zero.pipe.engine import PipelineEngine
+from launcher.zero.pipe.module import PipelineModule
+from launcher.zero.pipe.schedule import SCHEDULES
+from launcher.zero.precision import precision_policy
+from launcher.zero.sched import build_scheduler
+
+
+def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source, training_data, collate_fn):
+    """Returns ``(engine, optimizer, dataloader, lr_scheduler)`` like ``zero.initialize``."""
+    topo = module.topology()
+    data_parallel_size = max(1, topo.get_dim("data"))
+    cfg = load_config(source, world_size=data_parallel_size)
+    _check_supported(cfg)
+    check_autotp_size(cfg.unsupported, max(1, topo.get_dim("model")))
+    schedule = _schedule_name(cfg)
+    stages = (cfg.unsupported.get("pipeline") or {}).get("stages", "auto")
+    if stages not in ("auto", None) and stages != module.num_stages:
+        raise ConfigError(f"pipeline.stages is {stages} but the PipelineModule has {module.num_stages} stages",
+                          hint='make them agree, or set "stages": "auto"')
+    device = torch.device("cpu") if not torch.cuda.is_available() else torch.device("cuda", torch.cuda.current_device())
+    precision = precision_policy(cfg)
+    module.to(device=device, dtype=precision.param_dtype)
+    params = [p for p in module.parameters() if p.requires_grad]
+    masters = None
+    if precision.param_dtype != torch.float32:     # fp16 / bf16: the optimizer steps fp32 copies
+        masters = [torch.nn.Parameter(p.detach().float().clone()) for p in params]
+    stepped = masters if masters is not None else params
+    if not stepped:
+        # a stage of parameter-free layers (Tanh, reshapes) still steps a scheduler; torch.optim wants a parameter
+        stepped = [torch.nn.Parameter(torch.zeros(0, device=device))]
+    optimizer = _optimizer(optimizer, stepped, cfg)
+    scheduler = _scheduler(lr_scheduler, optimizer, cfg)
+    scaler = LossScaler(rules_from_config(cfg.fp16, 0)) if cfg.fp16.enabled else None
+    engine = PipelineEngine(module, optimizer, scheduler, cfg, device, schedule=schedule, masters=masters,
+                            loss_scaler=scaler)
+    dataloader = None
+    if training_data is not None:
+        from torch.utils.data import DataLoader, DistributedSampler
+
+        sampler = DistributedSampler(training_data, num_replicas=data_parallel_size,
+                                     rank=engine.grid.get_data_parallel_rank(), shuffle=True)
+        dataloader = DataLoader(training_data, batch_size=cfg.train_micro_batch_size_per_gpu, sampler=sampler,
+                                collate_fn=collate_fn, drop_last=True)
+        engine.set_dataiterator(_repeat(dataloader))
+    return engine, optimizer, dataloader, scheduler
+
+
+def _check_supported(cfg) -> None:
+    if cfg.zero_stage > 0:
+        raise ConfigError(f"zero_optimization.stage {cfg.zero_stage} with pipeline parallelism is not supported "
+                          "(this engine runs pipelines at stage 0; DeepSpeed refuses stages 2-3 with pipelines)",
+                          hint='set "zero_optimization": {"stage": 0}')
+
+
+def _schedule_name(cfg) -> str:
+    section = cfg.unsupported.get("pipeline") or {}
+    if not isinstance(section, dict):
+        raise ConfigError("pipeline: expected an object", hint='"pipeline": {"schedule": "1f1b"}')
+    unknown = set(section) - {"schedule", "stages", "partition", "seed_layers", "activation_checkpoint_interval",
+                              "pipe_partitioned", "grad_partitioned"}
+    if unknown:
+        raise ConfigError(f"pipeline.{sorted(unknown)[0]}: unknown key", hint=f"pipeline.schedule is one of {SCHEDULES}")
+    return str(section.get("schedule", "1f1b"))
+
+
+def _optimizer(optimizer, params, cfg):
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return optimizer
+    if callable(optimizer):
+        return optimizer(params)
+    if cfg.optimizer is None:
+        raise ConfigError("no optimizer: the config has no 'optimizer' section and none was passed",
+                          hint='add "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}')
+    return build_optimizer(cfg.optimizer, params)
+
+
+def _scheduler(lr_scheduler, optimizer, cfg):
+    if lr_scheduler is not None:
+        return lr_scheduler(optimizer) if callable(lr_scheduler) and not hasattr(lr_scheduler, "step") else lr_scheduler
+    return build_scheduler(optimizer, cfg.scheduler) if cfg.scheduler is not None else None
+
+
+def _repeat(loader):
+    while True:
+        yield from loader

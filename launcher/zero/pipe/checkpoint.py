@@ -1,0 +1,171 @@
+"""Pipeline checkpoints: one file per layer (and tensor rank), one optimizer file per stage.
+
+    save_dir/latest
+    save_dir/<tag>/metadata.json                              kind "pipeline": sizes, parts, ties
+    save_dir/<tag>/layer_<ii>-model_<mm>-model_states.pt       a layer's fp32 tensors (+ partition dims)
+    save_dir/<tag>/tied_<key>-model_<mm>-model_states.pt       a tied module, saved by its first stage
+    save_dir/<tag>/optim_pipe_<ss>_model_<mm>.pt               optimizer, scheduler, counters
+
+Stages run ZeRO-0 over the data axis, so data rank 0 of each (stage, tensor) pair writes and any
+data-parallel size loads it directly. Layer files are per global layer index, so another pipeline
+size loads the weights too (the optimizer state needs the same stages); another tensor size goes
+through ``dslaunch-zero-to-fp32``. Written under a temporary name and renamed, ``latest`` last.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import torch
+import torch.distributed as dist
+
+from launcher.zero.checkpoint import format as fmt
+from launcher.zero.errors import CheckpointError
+
+
+def layer_file(index: int, model_rank: int) -> str:
+    return f"layer_{index:02d}-model_{model_rank:02d}-model_states.pt"
+
+
+def tied_file(key: str, model_rank: int) -> str:
+    return f"tied_{key}-model_{model_rank:02d}-model_states.pt"
+
+
+def optim_file(stage: int, model_rank: int) -> str:
+    return f"optim_pipe_{stage:02d}_model_{model_rank:02d}.pt"
+
+
+def _tensors(module: torch.nn.Module) -> dict:
+    state = {k: (v.detach().float().clone() if v.is_floating_point() else v.clone())
+             for k, v in module.state_dict().items()}
+    dims = {name: p.partition_dim for name, p in module.named_parameters() if getattr(p, "tensor_model_parallel", False)}
+    return {"state": state, "partition_dims": dims}
+
+
+def _owned_files(engine) -> dict[str, dict]:
+    """The files this rank writes: its layers and tied modules (data rank 0 only), and its optimizer."""
+    grid, module, files = engine.grid, engine.module, {}
+    if grid.get_data_parallel_rank() != 0:
+        return files
+    model_rank = grid.get_model_parallel_rank()
+    for index in module.stage_layers(engine.stage_id):
+        layer = module._modules.get(str(index))
+        if layer is not None:
+            files[layer_file(index, model_rank)] = _tensors(layer)
+    for key, stages in module.tied_stages().items():
+        if stages[0] == engine.stage_id:
+            files[tied_file(key, model_rank)] = _tensors(module.tied_modules[key])
+    files[optim_file(engine.stage_id, model_rank)] = {
+        "optimizer": engine.optimizer.state_dict(),
+        "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
+        "global_steps": engine.global_steps, "skipped_steps": engine.skipped_steps}
+    return files
+
+
+def save(engine, save_dir, tag=None, client_state=None) -> str:
+    """Collective: every rank writes its files into a temporary folder; rank 0 renames it into place."""
+    save_dir = os.fspath(save_dir)
+    tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
+    staging = os.path.join(save_dir, f".{tag}.tmp")
+    if engine.global_rank == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        os.makedirs(staging)
+    dist.barrier()
+    for name, payload in _owned_files(engine).items():
+        torch.save(payload, os.path.join(staging, name))
+    dist.barrier()
+    if engine.global_rank == 0:
+        topo = engine.grid.topology()
+        metadata = {"format": fmt.FORMAT_VERSION, "kind": "pipeline", "tag": tag,
+                    "pipe": engine.num_stages, "data": engine.grid.get_data_parallel_world_size(),
+                    "tensor": engine.grid.get_model_parallel_world_size(), "parts": engine.module.parts,
+                    "num_layers": len(engine.module._layer_specs), "tied": engine.module.tied_stages(),
+                    "global_steps": engine.global_steps, "axes": topo.get_axis_names()}
+        torch.save({"client_state": client_state or {}}, os.path.join(staging, "client_state.pt"))
+        with open(os.path.join(staging, fmt.METADATA), "w", encoding="utf-8") as handle:
+            json.dump(metadata, handle, indent=1)
+        _replace(staging, os.path.join(save_dir, tag))
+        latest = os.path.join(save_dir, f".{fmt.LATEST}.tmp")
+        with open(latest, "w", encoding="utf-8") as handle:
+            handle.write(tag)
+        os.replace(latest, os.path.join(save_dir, fmt.LATEST))
+    dist.barrier()
+    return os.path.join(save_dir, tag)
+
+
+def _replace(staging: str, final: str) -> None:
+    old = final + ".old"
+    if os.path.isdir(final):
+        os.replace(final, old)
+    os.replace(staging, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def load(engine, load_dir, tag=None, load_module_strict: bool = True, load_optimizer_states: bool = True,
+         load_lr_scheduler_states: bool = True):
+    """Load this rank's layers (any data size, any pipeline size) and, with the same stages, its optimizer."""
+    load_dir = os.fspath(load_dir)
+    resolved = fmt.resolve_tag(load_dir, tag)
+    if resolved is None:
+        return None, None
+    path = fmt.tag_dir(load_dir, resolved)
+    metadata = fmt.read_metadata(path)
+    if metadata.get("kind") != "pipeline":
+        raise CheckpointError(f"{path}: not a pipeline checkpoint", hint="consolidate it with dslaunch-zero-to-fp32 "
+                              "and load the state dict into the PipelineModule's stages")
+    model_rank, tensor = engine.grid.get_model_parallel_rank(), engine.grid.get_model_parallel_world_size()
+    if metadata["tensor"] != tensor:
+        raise CheckpointError(f"{path}: saved with tensor-parallel size {metadata['tensor']}, running with {tensor}",
+                              hint="dslaunch-zero-to-fp32 gives the full state dict; shard it for the new size")
+    module = engine.module
+    for index in module.stage_layers(engine.stage_id):
+        layer = module._modules.get(str(index))
+        if layer is not None:
+            layer.load_state_dict(_read(path, layer_file(index, model_rank))["state"], strict=load_module_strict)
+    for key in module.tied_modules:
+        module.tied_modules[key].load_state_dict(_read(path, tied_file(key, model_rank))["state"],
+                                                 strict=load_module_strict)
+    if engine.masters is not None:   # fp16/bf16: the masters restart from the saved (fp32) weights
+        with torch.no_grad():
+            for param, master in engine._holders():
+                master.copy_(param.float())
+    if load_optimizer_states:
+        _load_optimizer(engine, path, metadata, model_rank, load_lr_scheduler_states)
+    client = _read(path, "client_state.pt")["client_state"]
+    return path, client
+
+
+def _load_optimizer(engine, path: str, metadata: dict, model_rank: int, with_scheduler: bool) -> None:
+    if metadata["pipe"] != engine.num_stages or metadata["parts"] != engine.module.parts:
+        raise CheckpointError(f"{path}: optimizer states were saved for {metadata['pipe']} stages with parts "
+                              f"{metadata['parts']}, this run has {engine.num_stages} with {engine.module.parts}",
+                              hint="load_checkpoint(..., load_optimizer_states=False) loads the weights alone")
+    state = _read(path, optim_file(engine.stage_id, model_rank))
+    engine.optimizer.load_state_dict(state["optimizer"])
+    if with_scheduler and engine.lr_scheduler is not None and state["lr_scheduler"] is not None:
+        engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
+    engine.global_steps, engine.skipped_steps = state["global_steps"], state["skipped_steps"]
+
+
+def _read(path: str, name: str):
+    full = os.path.join(path, name)
+    if not os.path.isfile(full):
+        raise CheckpointError(f"{full}: missing", hint="the checkpoint is incomplete or from another model")
+    return torch.load(full, map_location="cpu", weights_only=False)
+
+
+def consolidate(path: str, metadata: dict) -> dict:
+    """The full fp32 state dict (``<layer>.<param>``, ``tied_modules.<key>.<param>``): shards concatenated."""
+    state = {}
+    names = [(layer_file(i, 0), f"{i}.") for i in range(metadata["num_layers"])]
+    names += [(tied_file(key, 0), f"tied_modules.{key}.") for key in metadata["tied"]]
+    for first, prefix in names:
+        if not os.path.isfile(os.path.join(path, first)):
+            continue    # a layer without parameters
+        shards = [_read(path, first.replace("-model_00-", f"-model_{m:02d}-")) for m in range(metadata["tensor"])]
+        dims = shards[0]["partition_dims"]
+        for key, value in shards[0]["state"].items():
+            parts = [shard["state"][key] for shard in shards]
+            state[prefix + key] = torch.cat(parts, dim=dims[key]) if key in dims else value
+    return state

@@ -1,0 +1,310 @@
+"""The pipeline engine: one ``train_batch`` runs a schedule of micro-batches through the stages.
+
+Per batch: every stage executes its schedule (``schedule.py``) of forwards and backwards, moving
+activations and their gradients with ``p2p.StageLink``; then gradients are averaged over the data
+axis, tied copies summed across their stages, clipped by the one global norm (every stage's
+squares summed, each tied weight counted once) and the optimizer steps. A non-finite gradient on
+any stage skips the step on every rank.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+from launcher.zero.errors import ConfigError
+from launcher.zero.parallel.grid import ParallelGrid
+from launcher.zero.pipe.module import PipelineModule
+from launcher.zero.pipe.p2p import StageLink
+from launcher.zero.pipe.schedule import BACKWARD, FORWARD, build_schedule
+
+
+class PipelineEngine:
+    """DeepSpeed's ``PipelineEngine`` surface: ``train_batch``, ``eval_batch``, ``grid``, counters."""
+
+    def __init__(self, module: PipelineModule, optimizer, lr_scheduler, config, device: torch.device,
+                 schedule: str = "1f1b", masters: list | None = None, loss_scaler=None):
+        self.module = module
+        # fp16/bf16: the optimizer steps fp32 ``masters`` (one per trainable parameter, same order)
+        self.masters = masters
+        self.loss_scaler = loss_scaler
+        self._param_dtype = next((p.dtype for p in module.parameters()), torch.float32)
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.config = config
+        self.device = device
+        self.schedule_name = schedule
+        self.grid = module.grid() if module.grid() is not None else ParallelGrid(module.topology())
+        self.global_rank = self.grid.global_rank
+        self.num_stages = self.grid.pipe_parallel_size
+        self.stage_id = self.grid.stage_id
+        self.micro_batches = config.gradient_accumulation_steps
+        self.global_steps = 0
+        self.skipped_steps = 0
+        self._global_grad_norm: float | None = None
+        self.schedule_timing: dict[str, float] = {}
+        self.data_iterator: Iterator | None = None
+        self._link = StageLink(device)
+        self._tie_groups = self._build_tie_groups()
+        self._sync_tied_weights()
+
+    # ---- DeepSpeed's accessors ----------------------------------------------------------
+    def is_first_stage(self) -> bool:
+        return self.stage_id == 0
+
+    def is_last_stage(self) -> bool:
+        return self.stage_id == self.num_stages - 1
+
+    def gradient_accumulation_steps(self) -> int:
+        return self.micro_batches
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return self.config.train_micro_batch_size_per_gpu
+
+    def train_batch_size(self) -> int:
+        return self.config.train_batch_size
+
+    def get_global_grad_norm(self) -> float | None:
+        return self._global_grad_norm
+
+    def get_lr(self) -> list[float]:
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def set_dataiterator(self, iterator: Iterator) -> None:
+        self.data_iterator = iterator
+
+    def parameters(self):
+        return self.module.parameters()
+
+    def state_dict(self, *args, **kwargs):
+        return self.module.state_dict(*args, **kwargs)
+
+    module_state_dict = state_dict
+
+    def __call__(self, *args, **kwargs):
+        raise ConfigError("a pipeline engine is not called per micro-batch", hint="use engine.train_batch(data_iter)")
+
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True) -> str:
+        """Collective: every stage's layers and optimizer under ``save_dir/<tag>`` (see pipe/checkpoint.py)."""
+        from launcher.zero.pipe.checkpoint import save
+        return save(self, save_dir, tag, client_state)
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True, load_optimizer_states: bool = True,
+                        load_lr_scheduler_states: bool = True, **_ignored):
+        """Returns ``(tag folder, client_state)``, or ``(None, None)`` when there is no checkpoint."""
+        from launcher.zero.pipe.checkpoint import load
+        return load(self, load_dir, tag, load_module_strict, load_optimizer_states, load_lr_scheduler_states)
+
+    # ---- ties ---------------------------------------------------------------------------
+    def _build_tie_groups(self) -> dict[str, tuple[list[int], Any]]:
+        """For each tie key spread over several stages, the group of its copies at this rank's coordinates."""
+        topo, mine = self.grid.topology(), {}
+        for key, stages in sorted(self.module.tied_stages().items()):
+            if len(stages) < 2:
+                continue
+            others = [axis for axis in topo.get_axis_names() if axis != "pipe"]
+            for fixed in _coordinates(topo, others):
+                ranks = [topo.get_rank(pipe=stage, **fixed) for stage in stages]
+                group = dist.new_group(ranks=ranks)
+                if self.global_rank in ranks:
+                    mine[key] = (ranks, group)
+        return mine
+
+    def _tied_params(self, key: str) -> list[torch.Tensor]:
+        module = self.module.tied_modules[key]
+        return [getattr(module, attr) for attr in self.module.tied_weight_attrs[key]]
+
+    def _sync_tied_weights(self) -> None:
+        """Start every copy of a tied weight from the first stage's copy."""
+        for key, (ranks, group) in self._tie_groups.items():
+            for param in self._tied_params(key):
+                dist.broadcast(param.data, src=ranks[0], group=group)
+
+    # ---- the batch ----------------------------------------------------------------------
+    def _next_batches(self, data_iter: Iterator | None) -> list[Any]:
+        if not (self.is_first_stage() or self.is_last_stage()):
+            return [None] * self.micro_batches
+        iterator = data_iter if data_iter is not None else self.data_iterator
+        if iterator is None:
+            raise ConfigError("train_batch: no data (pass data_iter, or training_data to initialize)",
+                              hint="engine.train_batch(iter(loader))")
+        return [next(iterator) for _ in range(self.micro_batches)]
+
+    def _peer(self, stage: int) -> int:
+        return self.grid.stage_to_global(stage)
+
+    def _forward(self, micro: int, batch: Any, state: dict) -> None:
+        if self.is_first_stage():
+            inputs = _to(batch[0], self.device)
+            if isinstance(inputs, torch.Tensor) and inputs.is_floating_point():
+                inputs = inputs.to(self._param_dtype)
+        else:
+            inputs = self._link.recv(self._peer(self.stage_id - 1))
+            if torch.is_grad_enabled() and inputs.is_floating_point():
+                inputs.requires_grad_()
+        outputs = self.module(inputs)
+        if self.is_last_stage():
+            loss = self.module.loss_fn(outputs, _to(batch[1], self.device))
+            state["losses"].append(loss.detach().float())
+            outputs = loss
+        else:
+            self._link.send(outputs, self._peer(self.stage_id + 1))
+        state["inputs"][micro], state["outputs"][micro] = inputs, outputs
+
+    def _backward(self, micro: int, state: dict) -> None:
+        inputs, outputs = state["inputs"].pop(micro), state["outputs"].pop(micro)
+        if self.is_last_stage():
+            scale = self.loss_scaler.scale if self.loss_scaler is not None else 1.0
+            (outputs.float() * (scale / self.micro_batches)).backward()
+        else:
+            grad = self._link.recv(self._peer(self.stage_id + 1))
+            torch.autograd.backward(outputs, grad_tensors=grad)
+        if not self.is_first_stage():
+            grad = inputs.grad if inputs.grad is not None else torch.zeros_like(inputs)
+            self._link.send(grad, self._peer(self.stage_id - 1))
+
+    def _run_schedule(self, batches: list[Any], train: bool) -> list[torch.Tensor]:
+        """Execute this stage's actions; ``schedule_timing`` keeps the wall time and the time spent waiting."""
+        state = {"inputs": {}, "outputs": {}, "losses": []}
+        started, self._link.recv_wait_s = time.perf_counter(), 0.0
+        if train:
+            actions = build_schedule(self.schedule_name, self.micro_batches, self.num_stages, self.stage_id)
+        else:
+            actions = [(FORWARD, micro) for micro in range(len(batches))]
+        with torch.set_grad_enabled(train):
+            for kind, micro in actions:
+                if kind == FORWARD:
+                    self._forward(micro, batches[micro], state)
+                elif kind == BACKWARD:
+                    self._backward(micro, state)
+        self._link.wait_sends()
+        self.schedule_timing = {"wall_s": time.perf_counter() - started, "recv_wait_s": self._link.recv_wait_s}
+        return state["losses"]
+
+    def _mean_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
+        """The batch's mean loss, averaged over the data axis, on every stage (broadcast from the last)."""
+        loss = torch.stack(losses).mean() if losses else torch.zeros((), device=self.device)
+        if self.is_last_stage() and self.grid.data_parallel_size > 1:
+            dist.all_reduce(loss, group=self.grid.get_data_parallel_group())
+            loss /= self.grid.data_parallel_size
+        if self.num_stages > 1:
+            dist.broadcast(loss, src=self._peer(self.num_stages - 1), group=self.grid.get_pipe_parallel_group())
+        return loss
+
+    def train_batch(self, data_iter: Iterator | None = None) -> torch.Tensor:
+        """Run ``gradient_accumulation_steps`` micro-batches and one optimizer step; return the mean loss."""
+        if self.module.loss_fn is None and self.is_last_stage():
+            raise ConfigError("train_batch: the PipelineModule has no loss_fn", hint="PipelineModule(..., loss_fn=...)")
+        self.module.train()
+        losses = self._run_schedule(self._next_batches(data_iter), train=True)
+        self._step()
+        return self._mean_loss(losses)
+
+    def eval_batch(self, data_iter: Iterator, return_logits: bool = False, compute_loss: bool = True,
+                   reduce_output: str = "avg", num_micro_batches: int | None = None) -> torch.Tensor:
+        """Forward ``num_micro_batches`` (default: gradient_accumulation_steps) without gradients; mean loss."""
+        if return_logits or not compute_loss or reduce_output != "avg":
+            raise ConfigError("eval_batch: only the averaged loss is returned by this engine",
+                              hint="eval_batch(data_iter) with the defaults")
+        self.module.eval()
+        count = num_micro_batches or self.micro_batches
+        saved, self.micro_batches = self.micro_batches, count
+        try:
+            losses = self._run_schedule(self._next_batches(data_iter), train=False)
+        finally:
+            self.micro_batches = saved
+        return self._mean_loss(losses)
+
+    # ---- the step -----------------------------------------------------------------------
+    def _params(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    def _holders(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+        """(parameter, the tensor whose .grad the step uses): the parameter itself, or its fp32 master."""
+        params = self._params()
+        return list(zip(params, self.masters if self.masters is not None else params))
+
+    def _reduce_gradients(self) -> None:
+        holders = self._holders()
+        for param, holder in holders:
+            grad = param.grad if param.grad is not None else torch.zeros_like(param)
+            if holder is not param:            # 16-bit gradients become fp32 before any sum
+                holder.grad, param.grad = grad.float(), None
+            else:
+                param.grad = grad
+        grads = [holder.grad for _, holder in holders]
+        if self.grid.data_parallel_size > 1 and grads:
+            flat = _flatten_dense_tensors(grads)
+            dist.all_reduce(flat, group=self.grid.get_data_parallel_group())
+            flat /= self.grid.data_parallel_size
+            for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+                grad.copy_(reduced)
+        holder_of = {id(param): holder for param, holder in holders}
+        for key, (_, group) in self._tie_groups.items():
+            for param in self._tied_params(key):
+                dist.all_reduce(holder_of[id(param)].grad, group=group)
+
+    def _norm_and_overflow(self) -> tuple[float, bool]:
+        """The one global L2 norm over all three axes (times the fp16 loss scale).
+
+        Data replicas hold equal (averaged) gradients, so the data axis is not summed; tensor
+        shards are summed over the tensor group while replicated parameters count once; stages
+        are summed; a tied weight counts once (on its first stage).
+        """
+        skip = {id(p) for key, (ranks, _) in self._tie_groups.items() if ranks[0] != self.global_rank
+                for p in self._tied_params(key)}
+        totals = torch.zeros(3, dtype=torch.float64, device=self.device)   # sharded, replicated, non-finite
+        for param, holder in self._holders():
+            grad = holder.grad.detach()
+            finite = bool(torch.isfinite(grad).all())
+            totals[2] += 0.0 if finite else 1.0
+            if finite and id(param) not in skip:
+                totals[0 if getattr(param, "tensor_model_parallel", False) else 1] += grad.double().pow(2).sum()
+        if self.grid.model_parallel_size > 1:
+            sharded = totals[[0, 2]].clone()
+            dist.all_reduce(sharded, group=self.grid.get_model_parallel_group())
+            totals[0], totals[2] = sharded[0], sharded[1]
+        if self.num_stages > 1:
+            dist.all_reduce(totals, group=self.grid.get_pipe_parallel_group())
+        overflow = bool(totals[2] > 0)
+        return (float("inf") if overflow else float((totals[0] + totals[1]).sqrt())), overflow
+
+    def _step(self) -> None:
+        self._reduce_gradients()
+        norm, overflow = self._norm_and_overflow()
+        scale = self.loss_scaler.scale if self.loss_scaler is not None else 1.0
+        if overflow:
+            self.skipped_steps += 1
+            self._global_grad_norm = None
+        else:
+            norm /= scale
+            clip = self.config.gradient_clipping
+            # unscale and clip in one pass, as the data-parallel engine does
+            combined = scale * max(1.0, (norm + 1e-6) / clip) if clip > 0 else scale
+            if combined != 1.0:
+                for _, holder in self._holders():
+                    holder.grad.mul_(1.0 / combined)
+            self.optimizer.step()
+            if self.masters is not None:
+                with torch.no_grad():
+                    for param, master in self._holders():
+                        param.copy_(master)
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step()
+            self._global_grad_norm = norm
+        if self.loss_scaler is not None:
+            self.loss_scaler.update(overflow)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.global_steps += 1
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    return value.to(device) if isinstance(value, torch.Tensor) else value
+
+
+def _coordinates(topo, axes: list[str]) -> list[dict[str, int]]:
+    from itertools import product
+    return [dict(zip(axes, values)) for values in product(*(range(topo.get_dim(a)) for a in axes))]
