@@ -55,6 +55,7 @@ class Controller:
         self.channels: dict[int, Channel] = {}
         self.last_heard: dict[int, float] = {}
         self.done: set[int] = set()
+        self.exits: list[RankExit] = []   # every rank's exit, to say when all failed alike
         self.hellos: dict[int, dict] = {}  # node rank -> its agent's hostname and pid
         remote = next((n for n in plan.nodes if not n.is_local), plan.nodes[0])
         toward = plan.master_addr if not remote.is_local else "127.0.0.1"
@@ -184,6 +185,7 @@ class Controller:
         elif kind == "exit":
             done = RankExit(message["rank"], message["local_rank"], message["returncode"],
                             tuple(message.get("tail", ())), host)
+            self.exits.append(done)
             if not done.ok and failure is None:
                 return done
         elif kind == "error":
@@ -283,7 +285,8 @@ class Controller:
 
     def _exit_code(self, failure: RankExit | None, lost: str | None, interrupted: str | None) -> int:
         if failure is not None:
-            console.say(console.failure_summary(failure))
+            every = tuple(self.exits) if len(self.exits) == self.plan.world_size else ()
+            console.say(console.failure_summary(failure, exits=every))
             return failure.exit_code if failure.rank >= 0 else 1
         if lost is not None:
             console.say(f"{lost} stopped answering for {self.plan.heartbeat_timeout:.0f} s "

@@ -90,6 +90,13 @@ class Supervisor:
         return NodeResult(exits=ordered, first_failure=first_failure, stopped_by=stopped_by)
 
     def _teardown(self, signum: int, exits: dict[int, RankExit]) -> None:
+        for proc in [p for p in self.procs if p.spec.rank not in exits]:
+            if proc.popen.poll() is not None:   # ended on its own, as the first failure did: say so
+                for reader in proc.readers:
+                    reader.join(timeout=1.0)
+                exits[proc.spec.rank] = RankExit(proc.spec.rank, proc.spec.local_rank, proc.popen.returncode,
+                                                 tuple(proc.tail), self.host)
+                self.on_exit(exits[proc.spec.rank])
         running = [p for p in self.procs if p.spec.rank not in exits]
         stop_processes([p.popen for p in running], first_signal=signum, grace=self.grace)
         for proc in running:

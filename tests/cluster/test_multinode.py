@@ -103,6 +103,14 @@ def test_env_values_never_on_a_command_line(hosts):
         proc.communicate(timeout=30)
 
 
+def test_every_rank_failing_alike_is_said_once_for_the_job(hosts):
+    at = time.time() + 8   # after every rank started on both nodes
+    done = dslaunch("-H", hosts, "--launcher", "ssh", "--no-preflight", RANKS, "all-fail", "3", str(at))
+    assert done.returncode == 3, done.stderr
+    assert "(all 4 ranks failed the same way)" in done.stderr, done.stderr
+    assert "every other rank was stopped" not in done.stderr
+
+
 @pytest.mark.parametrize("launcher", ["ssh", "pdsh"])
 def test_crash_on_node2_stops_node1_within_3s(hosts, launcher):
     proc = start("-H", hosts, "--launcher", launcher, "--no-preflight", RANKS, "fail", "3", "9")

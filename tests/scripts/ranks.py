@@ -5,6 +5,8 @@
   sleep          every rank sleeps 60 s, printing its pid (SIGINT prints 'interrupted')
   kill9 R        rank R kills itself with SIGKILL
   nap S          every rank sleeps S seconds, then prints 'rested' and exits 0
+  all-fail CODE T  every rank ignores SIGTERM/SIGINT, waits until epoch time T, says the same
+                 line and exits with CODE (all ranks fail alike, within dslaunch's stop grace)
 """
 import json
 import os
@@ -41,3 +43,9 @@ elif mode == "kill9":
         time.sleep(0.3)
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(60)
+elif mode == "all-fail":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    time.sleep(max(0.0, float(args[2]) - time.time()))
+    print("failing the same way", file=sys.stderr, flush=True)
+    sys.exit(int(args[1]))
