@@ -105,7 +105,8 @@ def _one_name(message: str) -> str:
 @_opt("--node_rank", "node_rank", type=int, default=None, hidden=True)
 @_opt("--tee", "tee", default=None, hidden=True)
 @_opt("--redirects", "-r", "redirects", default=None, hidden=True)
-@_opt("--bind_cores_to_rank", "bind_cores_to_rank", is_flag=True, hidden=True)
+@_opt("--bind_cores_to_rank", "bind_cores_to_rank", is_flag=True,
+      help="DeepSpeed's: bind each rank to an even share of its node's cores (OMP_NUM_THREADS follows).")
 @click.version_option(__version__, "--version", prog_name="dslaunch")
 @click.argument("script", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)

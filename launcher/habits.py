@@ -1,6 +1,6 @@
 """torchrun's and DeepSpeed's flags that dslaunch takes in its own terms, or answers with what replaces them.
 
-`--nnodes`, `--nproc_per_node`, `--enable_each_rank_log` and `--force_multi` are plain spellings
+`--nnodes`, `--nproc_per_node`, `--enable_each_rank_log`, `--force_multi` and `--bind_cores_to_rank` are plain spellings
 (cli.py); the ones here change other options or have no counterpart, and say so instead of being
 ignored.
 """
@@ -16,10 +16,6 @@ def translate_habits(flags: dict) -> dict:
         if flags.pop(name, None) is not None:
             raise UsageError(f"--{name}: dslaunch always streams every rank's stdout and stderr, prefixed "
                              "'[rank N]', to this console", hint="for per-rank files use --log_dir DIR")
-    if flags.pop("bind_cores_to_rank", False):
-        raise UsageError("--bind_cores_to_rank is not supported yet",
-                         hint="each rank gets OMP_NUM_THREADS = cores / local ranks; bind with numactl in the "
-                              "script's command line (--no_python) meanwhile")
     if flags.pop("standalone", False):
         if flags.get("hostfile") or flags.get("master_addr"):
             raise UsageError("--standalone runs on this machine only: it cannot go with --hostfile or --master_addr",

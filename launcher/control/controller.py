@@ -204,7 +204,7 @@ class Controller:
                 raise LaunchError(f"{_names(plan, [0])} did not say which port is free")
             plan = self.plan = with_master_port(plan, int(answer["port"]))
         job = {"master_addr": plan.master_addr, "workdir": plan.workdir, "log_dir": plan.log_dir,
-               "heartbeat_timeout": plan.heartbeat_timeout, "grace": self.grace}
+               "heartbeat_timeout": plan.heartbeat_timeout, "grace": self.grace, "bind_cores": plan.bind_cores}
         for node in plan.nodes:
             self.channels[node.node_rank].send({"type": "plan", "job": job, "node": node_to_json(node)})
         now = time.monotonic()

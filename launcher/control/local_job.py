@@ -1,6 +1,7 @@
 """Run every rank of a local plan on this machine, supervised in-process (no agent, no ssh)."""
 from __future__ import annotations
 
+import os
 import signal
 import socket
 
@@ -16,7 +17,8 @@ def run_local(plan: JobPlan, environ: dict[str, str], grace: float = 3.0) -> int
         plan = with_master_port(plan, _free_port())
     specs = []
     for node in plan.nodes:  # several "nodes" here only when a hostfile names this machine twice
-        specs += rank_specs(node.ranks, plan.master_addr, plan.workdir, dict(environ))
+        specs += rank_specs(node.ranks, plan.master_addr, plan.workdir, dict(environ),
+                            cores=sorted(os.sched_getaffinity(0)) if plan.bind_cores else ())
     supervisor = Supervisor(specs, on_output=console.print_rank_line, log_dir=plan.log_dir, grace=grace,
                             host=plan.nodes[0].host)
     handlers = _install_signal_handlers(supervisor)

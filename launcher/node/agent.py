@@ -72,7 +72,9 @@ class Agent:
         if not os.path.isdir(job["workdir"]):
             self.channel.send({"type": "error", "message": f"workdir {job['workdir']} does not exist on this node"})
             return 1
-        specs = rank_specs(ranks_from_json(node), job["master_addr"], job["workdir"], dict(os.environ), remap_devices=True)
+        cores = sorted(os.sched_getaffinity(0)) if job.get("bind_cores") else ()
+        specs = rank_specs(ranks_from_json(node), job["master_addr"], job["workdir"], dict(os.environ),
+                           remap_devices=True, cores=cores)
         self.supervisor = Supervisor(specs, on_output=self._send_output, on_exit=self._send_exit,
                                      log_dir=job.get("log_dir"), grace=float(job.get("grace", 3.0)),
                                      host=node["host"])

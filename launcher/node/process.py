@@ -6,6 +6,7 @@ never by a name pattern, so other jobs on the same host are never touched.
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
 import subprocess
 import threading
@@ -29,6 +30,7 @@ class RankSpec:
     argv: tuple[str, ...]
     env: dict[str, str]
     cwd: str
+    cores: tuple[int, ...] = ()   # CPU cores the rank is bound to (--bind_cores_to_rank); () = all
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,19 @@ def _parent_death_signal() -> Callable[[], None] | None:
     return hook
 
 
+def _child_setup(cores: tuple[int, ...]) -> Callable[[], None] | None:
+    """The preexec hook: the parent-death signal, and the rank's cores when it is bound."""
+    death = _parent_death_signal()
+    if not cores:
+        return death
+
+    def hook() -> None:
+        if death is not None:
+            death()
+        os.sched_setaffinity(0, cores)
+    return hook
+
+
 @dataclass
 class RankProcess:
     spec: RankSpec
@@ -95,7 +110,7 @@ def spawn(spec: RankSpec, on_output: Callable[[RankOutput], None], log_file=None
     """Start one rank in its own session; two threads stream its stdout and stderr."""
     popen = subprocess.Popen(list(spec.argv), env=spec.env, cwd=spec.cwd, stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                             preexec_fn=_parent_death_signal())
+                             preexec_fn=_child_setup(spec.cores))
     proc = RankProcess(spec=spec, popen=popen)
     lock = threading.Lock()
     for stream_name, pipe in (("stdout", popen.stdout), ("stderr", popen.stderr)):

@@ -47,11 +47,12 @@ def visible_devices(slot_ids: str, node_visible: str | None) -> str:
 
 
 def rank_specs(ranks: Sequence[RankPlan], master_addr: str, workdir: str, inherited: dict[str, str],
-               remap_devices: bool = False) -> list[RankSpec]:
+               remap_devices: bool = False, cores: Sequence[int] = ()) -> list[RankSpec]:
     """RankSpecs for a node's ranks (an agent reads them with planning.render.ranks_from_json).
 
     `remap_devices` is for agents on other nodes; on the launching machine the plan's
-    slot ids are already this machine's visible GPU ids.
+    slot ids are already this machine's visible GPU ids. `cores` (--bind_cores_to_rank: the
+    node's usable cores) are split evenly, in order, by local rank, as DeepSpeed's launcher does.
     """
     ifname = interface_toward(master_addr)
     cpu_count = os.cpu_count() or 1
@@ -61,5 +62,20 @@ def rank_specs(ranks: Sequence[RankPlan], master_addr: str, workdir: str, inheri
         if remap_devices and "CUDA_VISIBLE_DEVICES" in r.env:
             env["CUDA_VISIBLE_DEVICES"] = visible_devices(r.env["CUDA_VISIBLE_DEVICES"],
                                                           inherited.get("CUDA_VISIBLE_DEVICES"))
-        specs.append(RankSpec(rank=r.rank, local_rank=r.local_rank, argv=tuple(r.argv), env=env, cwd=workdir))
+        bound = core_share(cores, r.local_rank, len(ranks))
+        if bound and "OMP_NUM_THREADS" not in r.env and "OMP_NUM_THREADS" not in inherited:
+            env["OMP_NUM_THREADS"] = str(len(bound))
+        specs.append(RankSpec(rank=r.rank, local_rank=r.local_rank, argv=tuple(r.argv), env=env, cwd=workdir,
+                              cores=bound))
     return specs
+
+
+def core_share(cores: Sequence[int], local_rank: int, local_world_size: int) -> tuple[int, ...]:
+    """Local rank i's even share of ``cores`` (in order); every core when there are fewer cores than ranks."""
+    cores = sorted(cores)
+    if not cores:
+        return ()
+    per = len(cores) // max(1, local_world_size)
+    if per == 0:
+        return tuple(cores)
+    return tuple(cores[local_rank * per:(local_rank + 1) * per])

@@ -40,6 +40,7 @@ class LaunchOptions:
     no_local_rank: bool = False
     as_deepspeed: bool = False      # ranks run the script with `import deepspeed` = launcher.zero
     log_dir: str | None = None
+    bind_cores_to_rank: bool = False  # each rank gets an even share of its node's cores
     config: str | None = None
     remote_python: str | None = None
     workdir: str | None = None
@@ -97,6 +98,7 @@ class JobPlan:
     env_files: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     preflight: bool = False  # agents check their nodes before any rank starts (multi-node)
+    bind_cores: bool = False  # --bind_cores_to_rank: the agents split their node's cores by local rank
 
 
 def build_plan(hosts: list[Host] | None, options: LaunchOptions, machine: Machine) -> JobPlan:
@@ -144,7 +146,8 @@ def build_plan(hosts: list[Host] | None, options: LaunchOptions, machine: Machin
                    else machine.python, nodes=tuple(nodes), launcher_args=options.launcher_args,
                    log_dir=options.log_dir, heartbeat_timeout=options.heartbeat_timeout,
                    env_files=machine.env_files_used, notes=tuple(notes),
-                   preflight=launcher != "local" and not options.no_preflight)
+                   preflight=launcher != "local" and not options.no_preflight,
+                   bind_cores=options.bind_cores_to_rank)
 
 
 def _check_options(options: LaunchOptions) -> None:

@@ -32,6 +32,7 @@ def plan_to_json(plan: JobPlan, commands: list[list[str]]) -> dict:
         "env_files": list(plan.env_files),
         "notes": list(plan.notes),
         "nodes": [node_to_json(node, cmd) for node, cmd in zip(plan.nodes, commands)],
+        "bind_cores_to_rank": plan.bind_cores,
     }
 
 
@@ -58,4 +59,7 @@ def describe_plan(plan: JobPlan, commands: list[list[str]]) -> str:
     lines += [f"  {k}={v}" for k, v in first.items()]
     lines.append("set on each node unless already set: GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME "
                  "(the interface toward MASTER_ADDR), OMP_NUM_THREADS (cores / local ranks)")
+    if plan.bind_cores:
+        lines.append("--bind_cores_to_rank: each rank is bound to an even share of its node's cores, in "
+                     "local-rank order; OMP_NUM_THREADS is that share")
     return "\n".join(lines)

@@ -103,6 +103,18 @@ def test_env_values_never_on_a_command_line(hosts):
         proc.communicate(timeout=30)
 
 
+def test_bind_cores_to_rank_splits_each_nodes_cores_by_local_rank(hosts):
+    done = dslaunch("-H", hosts, "--launcher", "ssh", "--no-preflight", "--bind_cores_to_rank", RANKS, "affinity")
+    assert done.returncode == 0, done.stderr
+    found = [json.loads(line.split("AFFINITY ", 1)[1]) for line in done.stdout.splitlines() if "AFFINITY " in line]
+    assert sorted(r["rank"] for r in found) == [0, 1, 2, 3]
+    cores = sorted(os.sched_getaffinity(0))
+    per = max(1, len(cores) // 2)   # 2 slots a node
+    for r in found:
+        want = cores[r["local_rank"] * per:(r["local_rank"] + 1) * per] if len(cores) >= 2 else cores
+        assert r["cores"] == want and r["omp"] == str(len(want)), r
+
+
 def test_every_rank_failing_alike_is_said_once_for_the_job(hosts):
     at = time.time() + 8   # after every rank started on both nodes
     done = dslaunch("-H", hosts, "--launcher", "ssh", "--no-preflight", RANKS, "all-fail", "3", str(at))

@@ -118,3 +118,18 @@ def test_hostfile_naming_this_machine_twice_runs_both_nodes(tmp_path):
     done = dslaunch("-H", str(hosts), "examples/hello_dist.py")
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("all_reduce sum = 6 (expected 6)") == 3
+
+
+def test_bind_cores_to_rank_gives_each_local_rank_its_share():
+    done = dslaunch("--num_gpus", "2", "--bind_cores_to_rank", RANKS, "affinity")
+    assert done.returncode == 0, done.stderr
+    found = {r["local_rank"]: r for r in (json.loads(line.split("AFFINITY ", 1)[1])
+                                         for line in done.stdout.splitlines() if "AFFINITY " in line)}
+    cores = sorted(os.sched_getaffinity(0))
+    per = max(1, len(cores) // 2)
+    for local_rank in (0, 1):
+        want = cores[local_rank * per:(local_rank + 1) * per] if len(cores) >= 2 else cores
+        assert found[local_rank]["cores"] == want and found[local_rank]["omp"] == str(len(want))
+    unbound = dslaunch("--num_gpus", "2", RANKS, "affinity")
+    assert all(json.loads(line.split("AFFINITY ", 1)[1])["cores"] == cores
+               for line in unbound.stdout.splitlines() if "AFFINITY " in line)

@@ -5,6 +5,7 @@
   sleep          every rank sleeps 60 s, printing its pid (SIGINT prints 'interrupted')
   kill9 R        rank R kills itself with SIGKILL
   nap S          every rank sleeps S seconds, then prints 'rested' and exits 0
+  affinity       print the cores this rank may run on and its OMP_NUM_THREADS
   all-fail CODE T  every rank ignores SIGTERM/SIGINT, waits until epoch time T, says the same
                  line and exits with CODE (all ranks fail alike, within dslaunch's stop grace)
 """
@@ -49,3 +50,7 @@ elif mode == "all-fail":
     time.sleep(max(0.0, float(args[2]) - time.time()))
     print("failing the same way", file=sys.stderr, flush=True)
     sys.exit(int(args[1]))
+elif mode == "affinity":
+    print("AFFINITY " + json.dumps({"rank": rank, "local_rank": int(os.environ["LOCAL_RANK"]),
+                                    "cores": sorted(os.sched_getaffinity(0)),
+                                    "omp": os.environ.get("OMP_NUM_THREADS")}), flush=True)

@@ -45,9 +45,28 @@ def test_force_multi_starts_an_agent_even_for_this_machine(run):
     (("--tee", "3"), "always streams every rank's stdout and stderr", "--log_dir DIR"),
     (("--redirects", "3"), "always streams", "--log_dir DIR"),
     (("--node_rank", "1"), "dslaunch starts every node itself", "once, with a hostfile"),
-    (("--bind_cores_to_rank",), "not supported yet", "OMP_NUM_THREADS"),
 ])
 def test_flags_without_a_counterpart_say_what_replaces_them(run, args, says, hint):
     result = run(*args, "--dry-run", "train.py")
     assert result.exit_code == 2 and says in result.output and hint in result.output
     assert "No such option" not in result.output
+
+
+def test_bind_cores_to_rank_is_in_the_plan(run):
+    assert plan_of(run("--num_gpus", "2", "--bind_cores_to_rank", "--dry-run", "--json", "train.py"))["bind_cores_to_rank"]
+    assert not plan_of(run("--num_gpus", "2", "--dry-run", "--json", "train.py"))["bind_cores_to_rank"]
+    assert "bound to an even share of its node's cores" in run("--num_gpus", "2", "--bind_cores_to_rank",
+                                                                "--dry-run", "train.py").output
+
+
+@pytest.mark.parametrize("cores, local_rank, ranks, share", [
+    ((0, 1, 2, 3), 0, 2, (0, 1)),
+    ((0, 1, 2, 3), 1, 2, (2, 3)),
+    ((4, 2, 6, 0), 1, 2, (4, 6)),          # in core order, whatever order they came in
+    ((0, 1, 2), 1, 2, (1,)),               # the odd core is left to no one, as DeepSpeed does
+    ((0,), 1, 2, (0,)),                    # fewer cores than ranks: every rank shares them all
+    ((), 0, 2, ()),
+])
+def test_core_share(cores, local_rank, ranks, share):
+    from launcher.node.ranks import core_share
+    assert core_share(cores, local_rank, ranks) == share
