@@ -52,7 +52,7 @@ def run(options: LaunchOptions, mode: Mode) -> int:
     if not options.script and not mode.check:
         raise UsageError("missing SCRIPT: what should every rank run?", hint="dslaunch [OPTIONS] train.py [ARGS]")
     machine = read_machine()
-    hosts, _path = load_hostfile(options.hostfile)
+    hosts, _path = (None, None) if options.this_machine_only else load_hostfile(options.hostfile)
     if hosts is None and options.launcher == "slurm":
         hosts = slurm_hosts(machine.environ, options.num_gpus)
     plan = build_plan(hosts, options, machine)

@@ -21,6 +21,7 @@ def translate_habits(flags: dict) -> dict:
             raise UsageError("--standalone runs on this machine only: it cannot go with --hostfile or --master_addr",
                              hint="drop --standalone for a multi-node job")
         flags["hostfile"] = None
+        flags["this_machine_only"] = True   # not even the default /job/hostfile
         flags["launcher"] = flags.get("launcher") or "local"
         flags["master_port"] = 0   # torchrun's standalone rendezvous: a free port
     node_rank = flags.pop("node_rank", None)

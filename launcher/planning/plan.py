@@ -41,6 +41,7 @@ class LaunchOptions:
     as_deepspeed: bool = False      # ranks run the script with `import deepspeed` = launcher.zero
     log_dir: str | None = None
     bind_cores_to_rank: bool = False  # each rank gets an even share of its node's cores
+    this_machine_only: bool = False   # --standalone: no hostfile, not even the default one
     config: str | None = None
     remote_python: str | None = None
     workdir: str | None = None

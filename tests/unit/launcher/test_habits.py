@@ -36,6 +36,14 @@ def test_standalone_is_this_machine_on_a_free_port(run):
     assert refused.exit_code == 2 and "this machine only" in refused.output
 
 
+def test_standalone_ignores_the_default_hostfile(run, tmp_path, monkeypatch):
+    (tmp_path / "job-hostfile").write_text("w0 slots=2\nw1 slots=2\n")
+    monkeypatch.setattr("launcher.planning.hostfile.DEFAULT_HOSTFILE", str(tmp_path / "job-hostfile"))
+    assert plan_of(run("--nproc_per_node", "2", "--dry-run", "--json", "train.py"))["world_size"] == 4
+    plan = plan_of(run("--standalone", "--nproc_per_node", "2", "--dry-run", "--json", "train.py"))
+    assert plan["launcher"] == "local" and plan["world_size"] == 2
+
+
 def test_force_multi_starts_an_agent_even_for_this_machine(run):
     assert plan_of(run("--num_gpus", "1", "--dry-run", "--json", "train.py"))["launcher"] == "local"
     assert plan_of(run("--force_multi", "--num_gpus", "1", "--dry-run", "--json", "train.py"))["launcher"] in ("ssh", "pdsh")
