@@ -45,6 +45,8 @@ class LaunchOptions:
     workdir: str | None = None
     heartbeat_timeout: float = 10.0
     no_preflight: bool = False
+    max_restarts: int = 0           # whole-job restarts after a failure (control/restarts.py)
+    min_nodes: int | None = None    # with restarts: drop a lost node while this many remain
 
 
 @dataclass(frozen=True)
