@@ -13,6 +13,7 @@ from launcher.planning import redact
 from launcher.planning.hostfile import Host, load_hostfile
 from launcher.planning.plan import JobPlan, LaunchOptions, build_plan
 from launcher.planning.render import describe_plan, plan_to_json
+from launcher.planning.restart_plan import RestartPolicy, surviving_options
 from launcher.wire import ControlEndpoint
 
 _OPTION_FIELDS = set(LaunchOptions.__dataclass_fields__)
@@ -55,6 +56,7 @@ def run(options: LaunchOptions, mode: Mode) -> int:
     if hosts is None and options.launcher == "slurm":
         hosts = slurm_hosts(machine.environ, options.num_gpus)
     plan = build_plan(hosts, options, machine)
+    policy = RestartPolicy.from_options(options)
     if options.script:
         _check_script(options, plan)
     if options.config:
@@ -71,15 +73,18 @@ def run(options: LaunchOptions, mode: Mode) -> int:
         if not mode.show_secrets:
             plan = redact.redacted_plan(plan, patterns)
         if mode.as_json:
-            print(json.dumps(plan_to_json(plan, commands), indent=2))
+            print(json.dumps({**plan_to_json(plan, commands), "restarts": policy.to_json()}, indent=2))
         else:
-            print(describe_plan(plan, commands))
+            print(describe_plan(plan, commands) + "\n" + policy.describe(len(plan.nodes)))
         return 0
     for note in plan.notes:
         console.say(note)
     # unless --no-preflight, the agents check their nodes before any rank starts (control/controller.py)
     from launcher.control.launch import launch
-    return launch(plan, machine.environ)
+
+    def replan(previous: JobPlan, lost: set[int]) -> JobPlan:  # --min_nodes: the same job on the survivors
+        return build_plan(hosts, surviving_options(previous, options, lost), machine)
+    return launch(plan, machine.environ, policy, replan)
 
 
 def slurm_hosts(environ: dict[str, str], num_gpus: int | None) -> list[Host]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import signal
 
 from launcher import console
+from launcher.control.outcome import Outcome
 from launcher.errors import EXIT_SIGINT
 from launcher.node.ranks import rank_specs
 from launcher.node.supervisor import Supervisor
@@ -11,6 +12,11 @@ from launcher.planning.plan import JobPlan
 
 
 def run_local(plan: JobPlan, environ: dict[str, str], grace: float = 3.0) -> int:
+    return run_local_try(plan, environ, grace).exit_code
+
+
+def run_local_try(plan: JobPlan, environ: dict[str, str], grace: float = 3.0) -> Outcome:
+    """One try of a local job, its end as an Outcome (control/restarts.py restarts it)."""
     specs = []
     for node in plan.nodes:  # several "nodes" here only when a hostfile names this machine twice
         specs += rank_specs(node.ranks, plan.master_addr, plan.workdir, dict(environ))
@@ -23,7 +29,7 @@ def run_local(plan: JobPlan, environ: dict[str, str], grace: float = 3.0) -> int
     finally:
         for signum, previous in handlers.items():
             signal.signal(signum, previous)
-    return finish(result)
+    return Outcome(finish(result), result.first_failure, interrupted=result.stopped_by)
 
 
 def finish(result) -> int:

@@ -5,6 +5,8 @@
   sleep          every rank sleeps 60 s, printing its pid (SIGINT prints 'interrupted')
   kill9 R        rank R kills itself with SIGKILL
   nap S          every rank sleeps S seconds, then prints 'rested' and exits 0
+  crash-once R MARKER   rank R exits 3 while MARKER is absent (it creates it); then every rank prints its restart count
+  crash-always R CODE   rank R exits CODE on every try, its last line naming the try
 """
 import json
 import os
@@ -40,4 +42,20 @@ elif mode == "kill9":
     if rank == int(args[1]):
         time.sleep(0.3)
         os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(60)
+elif mode == "crash-once":
+    # crash-once R MARKER: rank R exits 3 on the first try (no MARKER file yet), then all succeed
+    if rank == int(args[1]) and not os.path.exists(args[2]):
+        open(args[2], "w").close()
+        print("crashing once", file=sys.stderr, flush=True)
+        sys.exit(3)
+    time.sleep(0.5)
+    print("RESTART_COUNT " + json.dumps({k: os.environ.get(k) for k in
+                                         ("DSLAUNCH_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")}), flush=True)
+elif mode == "crash-always":
+    # crash-always R CODE: rank R exits CODE on every try, its message naming the try
+    if rank == int(args[1]):
+        time.sleep(0.5)
+        print(f"crash on try {os.environ.get('DSLAUNCH_RESTART_COUNT')}", file=sys.stderr, flush=True)
+        sys.exit(int(args[2]))
     time.sleep(60)
