@@ -7,6 +7,7 @@
   nap S          every rank sleeps S seconds, then prints 'rested' and exits 0
   crash-once R MARKER   rank R exits 3 while MARKER is absent (it creates it); then every rank prints its restart count
   crash-always R CODE   rank R exits CODE on every try, its last line naming the try
+  first-try-sleeps      prints WORLD/TRY/NODE/MASTER; sleeps 60 s on the first try, exits 0 on later ones
 """
 import json
 import os
@@ -59,3 +60,9 @@ elif mode == "crash-always":
         print(f"crash on try {os.environ.get('DSLAUNCH_RESTART_COUNT')}", file=sys.stderr, flush=True)
         sys.exit(int(args[2]))
     time.sleep(60)
+elif mode == "first-try-sleeps":
+    restart = os.environ.get("DSLAUNCH_RESTART_COUNT")
+    print(f"WORLD {os.environ['WORLD_SIZE']} TRY {restart} NODE {os.environ['NODE_RANK']} "
+          f"MASTER {os.environ['MASTER_ADDR']}", flush=True)
+    if restart == "0":
+        time.sleep(60)
