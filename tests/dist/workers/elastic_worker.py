@@ -1,0 +1,68 @@
+"""Rank side of the resume-at-another-world-size test: ``DIR STOP_AT LAST``.
+
+A script written the way users are told to: ``load_checkpoint(DIR)`` at start (nothing there: a
+no-op), the engine's own loader (``training_data=``), ``save_checkpoint(DIR)`` every SAVE_EVERY
+steps. It leaves its loop after step STOP_AT (a crash stand-in; no save there) or at LAST.
+Rank 0 prints ``RESULT {json}``: per step the global batch's sample ids and mean loss, and the
+final weights.
+"""
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from launcher import zero
+
+SAMPLES, SAVE_EVERY = 96, 2
+CONFIG = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1,
+          "zero_optimization": {"stage": 1},
+          "optimizer": {"type": "AdamW", "params": {"lr": 0.05, "weight_decay": 0.01}}}
+
+
+def dataset():
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(SAMPLES, 6, generator=gen)
+    y = x @ torch.randn(6, 2, generator=gen) + 0.1 * torch.randn(SAMPLES, 2, generator=gen)
+    return torch.utils.data.TensorDataset(torch.arange(SAMPLES), x, y)
+
+
+def make_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+
+
+def main(folder, stop_at, last):
+    model = make_model()
+    engine, _, loader, _ = zero.initialize(model=model, training_data=dataset(), config=CONFIG)
+    engine.load_checkpoint(folder)
+    world, gas = dist.get_world_size(), engine.gradient_accumulation_steps()
+    steps, ids, loss_sum = [], [], torch.zeros(())
+    while engine.global_steps < min(stop_at, last):
+        for index, x, y in loader:
+            loss = torch.nn.functional.mse_loss(engine(x), y)
+            ids += index.tolist()
+            loss_sum += loss.detach()
+            engine.backward(loss)
+            boundary = engine.is_gradient_accumulation_boundary()
+            engine.step()
+            if not boundary:
+                continue
+            seen = [torch.zeros(len(ids), dtype=torch.long) for _ in range(world)]
+            dist.all_gather(seen, torch.tensor(ids))  # every rank takes gas micro-batches per step
+            dist.all_reduce(loss_sum)
+            steps.append({"step": engine.global_steps, "ids": sorted(torch.cat(seen).tolist()),
+                          "loss": loss_sum.item() / (gas * world), "world": world, "gas": gas})
+            ids, loss_sum = [], torch.zeros(())
+            if engine.global_steps % SAVE_EVERY == 0 and engine.global_steps < stop_at:
+                engine.save_checkpoint(folder)
+            if engine.global_steps >= min(stop_at, last):
+                break
+    if dist.get_rank() == 0:
+        weights = [p.detach().flatten().tolist() for p in model.parameters()]
+        print("RESULT " + json.dumps({"steps": steps, "weights": weights}), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
