@@ -1,14 +1,18 @@
-"""Rank side of the resume-at-another-world-size test: ``DIR STOP_AT LAST``.
+"""Rank side of the resume-at-another-world-size test: ``DIR STOP_AT LAST [KILL_AT]``.
 
 A script written the way users are told to: ``load_checkpoint(DIR)`` at start (nothing there: a
 no-op), the engine's own loader (``training_data=``), ``save_checkpoint(DIR)`` every SAVE_EVERY
 steps. It leaves its loop after step STOP_AT (a crash stand-in; no save there) or at LAST.
 Rank 0 prints ``RESULT {json}``: per step the global batch's sample ids and mean loss, and the
-final weights.
+final weights. With KILL_AT, rank 1 of the first try (DSLAUNCH_RESTART_COUNT 0) SIGKILLs itself
+in the middle of the save of step KILL_AT, once its shard is on disk and before the save is published.
 """
 import json
 import os
+import signal
 import sys
+import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -33,9 +37,26 @@ def make_model():
     return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
 
 
-def main(folder, stop_at, last):
+def kill_during_save(folder, step):
+    """A watcher: SIGKILL this rank as soon as its shard of that save exists (the save is unfinished)."""
+    shard = os.path.join(folder, f".global_step{step}.partial", "rank_1_shard.pt")
+
+    def watch():
+        while not os.path.exists(shard):
+            time.sleep(0.0005)
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def main(folder, stop_at, last, kill_at=None):
     model = make_model()
     engine, _, loader, _ = zero.initialize(model=model, training_data=dataset(), config=CONFIG)
+    restart = os.environ.get("DSLAUNCH_RESTART_COUNT", "0")
+    if kill_at is not None and restart == "0" and dist.get_rank() == 1:
+        kill_during_save(folder, kill_at)
+    if dist.get_rank() == 0 and os.path.exists(os.path.join(folder, "latest")):
+        with open(os.path.join(folder, "latest"), encoding="utf-8") as handle:
+            print(f"TRY {restart} LATEST {handle.read()} DIRS {sorted(os.listdir(folder))}", flush=True)
     engine.load_checkpoint(folder)
     world, gas = dist.get_world_size(), engine.gradient_accumulation_steps()
     steps, ids, loss_sum = [], [], torch.zeros(())
@@ -65,4 +86,4 @@ def main(folder, stop_at, last):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else None)
