@@ -71,3 +71,72 @@ def test_a_cut_node_is_dropped_and_the_job_finishes_on_the_two_left(cluster_host
     assert "2 remaining node(s), world size 4" in restart[0]
     assert err.count("preflight ok") == 2, err  # the checks ran again, on the survivors
     print(f"cut -> first rank line on the survivors: {first_on_survivors:.1f} s")
+
+
+WORKER = os.path.join(ROOT, "tests", "dist", "workers", "elastic_worker.py")
+LAST = 7
+
+
+def train(hostfile, folder, *flags, cut=None, cluster=None):
+    """The elastic worker on the cluster (12 samples a step, a checkpoint every 2 steps); with `cut`,
+    node `cut`'s link is cut after step 3 of the first try. Returns (rank-0 lines, stderr, seconds
+    from the cut to the first step on the survivors)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "-H", str(hostfile), "--launcher", "ssh",
+                             "--heartbeat_timeout", "3", "--no_local_rank", "--env", "ELASTIC_TBS=12",
+                             "--env", "ELASTIC_STEP_SLEEP=1.0", *flags, WORKER, str(folder),
+                             str(LAST + 1), str(LAST)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT, env=env)
+    lines, cut_at, first_after, everything = [], None, None, []
+    try:
+        for line in proc.stdout:
+            everything.append(line)
+            if line.startswith("[rank 0] "):
+                lines.append(line[9:].rstrip("\n"))
+            if cut is not None and cut_at is None and line.startswith("[rank 0] STEP 3 TRY 0"):
+                cluster.cut(cut)
+                cut_at = time.monotonic()
+            if cut_at is not None and first_after is None and " TRY 1 " in line and "STEP" in line:
+                first_after = time.monotonic() - cut_at
+        _out, err = proc.communicate(timeout=180)
+    finally:
+        if cut is not None:
+            cluster.heal(cut)
+    assert proc.returncode == 0, err + "".join(everything[-30:])
+    return lines, err, first_after
+
+
+def steps_of(lines, attempt):
+    return [int(line.split()[1]) for line in lines if line.startswith("STEP") and f"TRY {attempt} " in line]
+
+
+def test_a_training_job_loses_node_3_and_finishes_on_two_with_the_same_weights(cluster_hostfile, healthy_cluster,
+                                                                               tmp_path):
+    import json
+    hosts = cluster_hostfile(3)
+    plain, _err, _ = train(hosts, tmp_path / "plain")
+    cut, err, to_first_step = train(hosts, tmp_path / "cut", "--max_restarts", "1", "--min_nodes", "2",
+                                    cut=3, cluster=healthy_cluster)
+    assert "restart 1/1: node 2 (node3) lost" in err and "world size 4" in err, err
+    assert {line.split()[-1] for line in cut if line.startswith("STEP") and "TRY 1 " in line} == {"4"}
+    first_try, second_try = steps_of(cut, 0), steps_of(cut, 1)
+    assert second_try[-1] == LAST and second_try == list(range(second_try[0], LAST + 1))
+    resumed_from = second_try[0] - 1
+    assert resumed_from % 2 == 0 and resumed_from >= 2   # the last checkpoint before the cut
+    repeated = max(first_try) - resumed_from
+    result = json.loads(next(line for line in reversed(cut) if line.startswith("RESULT "))[7:])
+    reference_run = json.loads(next(line for line in reversed(plain) if line.startswith("RESULT "))[7:])
+    assert [s["gas"] for s in result["steps"]] == [3] * len(second_try)   # 12 = 1 x 3 x 4 ranks
+    assert {s["gas"] for s in reference_run["steps"]} == {2}               # 12 = 1 x 2 x 6 ranks
+    sys.path.insert(0, os.path.join(ROOT, "tests", "dist"))
+    from test_elastic_resume import close, reference
+    from launcher.zero.data import GlobalBatchSampler
+    order = list(GlobalBatchSampler(96, 1, 0, 12, 1))
+    batches = [{"ids": sorted(order[12 * s:12 * s + 12])} for s in range(LAST)]
+    assert [s["ids"] for s in reference_run["steps"]] == [b["ids"] for b in batches]
+    assert [s["ids"] for s in result["steps"]] == [b["ids"] for b in batches[resumed_from:]]
+    _losses, single = reference(batches)
+    assert close(result["weights"], reference_run["weights"])
+    assert close(result["weights"], single)
+    print(f"node 3 cut after step 3: first step on the 2 survivors {to_first_step:.1f} s later; "
+          f"steps repeated: {repeated} (resumed from step {resumed_from}, first try reached {max(first_try)})")

@@ -6,6 +6,8 @@ steps. It leaves its loop after step STOP_AT (a crash stand-in; no save there) o
 Rank 0 prints ``RESULT {json}``: per step the global batch's sample ids and mean loss, and the
 final weights. With KILL_AT, rank 1 of the first try (DSLAUNCH_RESTART_COUNT 0) SIGKILLs itself
 in the middle of the save of step KILL_AT, once its shard is on disk and before the save is published.
+Environment: ELASTIC_TBS (train_batch_size, default 8), ELASTIC_STEP_SLEEP (seconds after each step,
+so that a test can cut a node in the middle); rank 0 prints ``STEP n TRY t WORLD w`` after each step.
 """
 import json
 import os
@@ -50,7 +52,9 @@ def kill_during_save(folder, step):
 
 def main(folder, stop_at, last, kill_at=None):
     model = make_model()
-    engine, _, loader, _ = zero.initialize(model=model, training_data=dataset(), config=CONFIG)
+    config = {**CONFIG, "train_batch_size": int(os.environ.get("ELASTIC_TBS", CONFIG["train_batch_size"]))}
+    pause = float(os.environ.get("ELASTIC_STEP_SLEEP", "0"))
+    engine, _, loader, _ = zero.initialize(model=model, training_data=dataset(), config=config)
     restart = os.environ.get("DSLAUNCH_RESTART_COUNT", "0")
     if kill_at is not None and restart == "0" and dist.get_rank() == 1:
         kill_during_save(folder, kill_at)
@@ -76,6 +80,9 @@ def main(folder, stop_at, last, kill_at=None):
             steps.append({"step": engine.global_steps, "ids": sorted(torch.cat(seen).tolist()),
                           "loss": loss_sum.item() / (gas * world), "world": world, "gas": gas})
             ids, loss_sum = [], torch.zeros(())
+            if dist.get_rank() == 0:
+                print(f"STEP {engine.global_steps} TRY {restart} WORLD {world}", flush=True)
+            time.sleep(pause)
             if engine.global_steps % SAVE_EVERY == 0 and engine.global_steps < stop_at:
                 engine.save_checkpoint(folder)
             if engine.global_steps >= min(stop_at, last):
