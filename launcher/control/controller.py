@@ -125,7 +125,8 @@ class Controller:
             if len(self.done) == len(self.plan.nodes):
                 # every agent is done: let srun/pdsh/mpirun notice and end by themselves
                 # (srun cancels a finished step noisily when signalled)
-                _wait_for_exit([s.popen for s in started], timeout=5.0)
+                # (not a lost node's: its ssh may hang on a cut link; it is ended below)
+                _wait_for_exit([s.popen for s in started if not set(s.node_ranks) <= set(self.lost)], timeout=5.0)
             stop_processes([s.popen for s in started], grace=2.0)
 
     def _supervise(self, started: list[Started], stop_reason: dict) -> int:
