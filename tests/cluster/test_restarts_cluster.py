@@ -1,6 +1,7 @@
 """--max_restarts and --min_nodes on the real test cluster (real sshd, ssh and pdsh runners)."""
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -140,3 +141,22 @@ def test_a_training_job_loses_node_3_and_finishes_on_two_with_the_same_weights(c
     assert close(result["weights"], single)
     print(f"node 3 cut after step 3: first step on the 2 survivors {to_first_step:.1f} s later; "
           f"steps repeated: {repeated} (resumed from step {resumed_from}, first try reached {max(first_try)})")
+
+
+def test_sigint_during_the_restarts_exits_130_and_leaves_nothing_on_any_node(cluster_hostfile, tmp_path):
+    import psutil
+    marker = f"sigint-marker-{time.time()}"
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "-H", str(cluster_hostfile(2)), "--launcher", "ssh",
+                             "--no-preflight", "--max_restarts", "50", RANKS, "crash-always", "3", "4", marker],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    seen = ""
+    end = time.time() + 90
+    while time.time() < end and "restart 2/50" not in seen:
+        seen += proc.stderr.readline()
+    assert "restart 2/50" in seen, seen
+    proc.send_signal(signal.SIGINT)
+    _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, seen + err
+    time.sleep(1.0)
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+    assert left == []   # the namespaces share this pid space: no rank or agent of this job anywhere
