@@ -14,6 +14,7 @@ from launcher.planning.hostfile import Host, load_hostfile
 from launcher.planning.plan import JobPlan, LaunchOptions, build_plan
 from launcher.planning.render import describe_plan, plan_to_json
 from launcher.planning.topology import build_layout, check_tensor_groups_within_nodes, describe_layout, sizes_from_sections
+from launcher.planning.restart_plan import RestartPolicy, surviving_options
 from launcher.wire import ControlEndpoint
 
 _OPTION_FIELDS = set(LaunchOptions.__dataclass_fields__)
@@ -56,6 +57,7 @@ def run(options: LaunchOptions, mode: Mode) -> int:
     if hosts is None and options.launcher == "slurm":
         hosts = slurm_hosts(machine.environ, options.num_gpus)
     plan = build_plan(hosts, options, machine)
+    policy = RestartPolicy.from_options(options)
     if options.script:
         _check_script(options, plan)
     layout = _check_config(options, plan) if options.config else None
@@ -72,12 +74,12 @@ def run(options: LaunchOptions, mode: Mode) -> int:
             plan = redact.redacted_plan(plan, patterns)
         host_of = {rank.rank: node.host for node in plan.nodes for rank in node.ranks}
         if mode.as_json:
-            document = plan_to_json(plan, commands)
+            document = {**plan_to_json(plan, commands), "restarts": policy.to_json()}
             if layout is not None:
                 document["topology"] = layout.to_json(host_of)
             print(json.dumps(document, indent=2))
         else:
-            print(describe_plan(plan, commands))
+            print(describe_plan(plan, commands) + "\n" + policy.describe(len(plan.nodes)))
             if layout is not None:
                 print(describe_layout(layout, host_of))
         return 0
@@ -85,7 +87,10 @@ def run(options: LaunchOptions, mode: Mode) -> int:
         console.say(note)
     # unless --no-preflight, the agents check their nodes before any rank starts (control/controller.py)
     from launcher.control.launch import launch
-    return launch(plan, machine.environ)
+
+    def replan(previous: JobPlan, lost: set[int]) -> JobPlan:  # --min_nodes: the same job on the survivors
+        return build_plan(hosts, surviving_options(previous, options, lost), machine)
+    return launch(plan, machine.environ, policy, replan)
 
 
 def slurm_hosts(environ: dict[str, str], num_gpus: int | None) -> list[Host]:

@@ -91,6 +91,10 @@ def _one_name(message: str) -> str:
 @_opt("--workdir", "workdir", default=None, help="Working directory on every node (default: this one).")
 @_opt("--heartbeat_timeout", "heartbeat_timeout", type=float, default=10.0, show_default=True,
       help="Seconds of silence after which a node counts as lost.")
+@_opt("--max_restarts", "max_restarts", type=int, default=0, show_default=True,
+      help="Restart the whole job after a failed rank or a lost node, up to N times.")
+@_opt("--min_nodes", "min_nodes", type=int, default=None,
+      help="With --max_restarts: drop a lost node and restart on the rest while at least M remain.")
 @_opt("--config", "config", default=None, metavar="PATH", help="Engine config to validate and pass on.")
 @_opt("--dry-run", "--dry_run", "dry_run", is_flag=True, help="Print the plan and commands; start nothing.")
 @_opt("--json", "as_json", is_flag=True, help="With --dry-run or --check: one JSON document.")

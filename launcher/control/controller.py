@@ -19,6 +19,7 @@ from typing import Callable
 
 from launcher import console
 from launcher.control.check import preflight_failed
+from launcher.control.outcome import Outcome
 from launcher.errors import EXIT_NODE_LOST, EXIT_SIGINT, LaunchError
 from launcher.handshake import Credentials, new_nonce
 from launcher.node.netinfo import local_address_toward
@@ -57,6 +58,8 @@ class Controller:
         self.done: set[int] = set()
         self.exits: list[RankExit] = []   # every rank's exit, to say when all failed alike
         self.hellos: dict[int, dict] = {}  # node rank -> its agent's hostname and pid
+        self.lost: list[int] = []  # node ranks gone silent or that never confirmed the stop
+        self.outcome: Outcome | None = None  # how this try ended (for control/restarts.py)
         remote = next((n for n in plan.nodes if not n.is_local), plan.nodes[0])
         toward = plan.master_addr if not remote.is_local else "127.0.0.1"
         address = local_address_toward(toward)
@@ -125,7 +128,8 @@ class Controller:
             if len(self.done) == len(self.plan.nodes):
                 # every agent is done: let srun/pdsh/mpirun notice and end by themselves
                 # (srun cancels a finished step noisily when signalled)
-                _wait_for_exit([s.popen for s in started], timeout=5.0)
+                # (not a lost node's: its ssh may hang on a cut link; it is ended below)
+                _wait_for_exit([s.popen for s in started if not set(s.node_ranks) <= set(self.lost)], timeout=5.0)
             stop_processes([s.popen for s in started], grace=2.0)
 
     def _supervise(self, started: list[Started], stop_reason: dict) -> int:
@@ -163,6 +167,7 @@ class Controller:
                     break
             if stopping_since is not None and now - stopping_since > self.grace + STOP_TIMEOUT:
                 console.say("some agents did not confirm the stop in time; ending their runner processes")
+                self.lost += [n.node_rank for n in plan.nodes if n.node_rank not in self.done | set(self.lost)]
                 break
             try:
                 node_rank, message = self.events.get(timeout=0.1)
@@ -280,10 +285,18 @@ class Controller:
             heard = self.last_heard.get(node.node_rank, now)
             if node.node_rank not in self.done and now - heard > self.plan.heartbeat_timeout:
                 self.done.add(node.node_rank)  # nothing more will come from it: do not wait for it
+                self.lost.append(node.node_rank)
                 return f"node {node.node_rank} ({node.host})"
         return None
 
     def _exit_code(self, failure: RankExit | None, lost: str | None, interrupted: str | None) -> int:
+        code = self._report(failure, lost, interrupted)
+        lost_ranks = tuple(dict.fromkeys(self.lost))
+        self.outcome = Outcome(code, failure, lost_ranks, tuple(self.plan.nodes[r].host for r in lost_ranks),
+                               interrupted)
+        return code
+
+    def _report(self, failure: RankExit | None, lost: str | None, interrupted: str | None) -> int:
         if failure is not None:
             every = tuple(self.exits) if len(self.exits) == self.plan.world_size else ()
             console.say(console.failure_summary(failure, exits=every))

@@ -6,21 +6,36 @@ mpirun, srun), with the runner's environment when it has one (``runner_env``).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from launcher.control.controller import Controller, Started, spawn_runner
+from launcher.control.outcome import Outcome
+from launcher.control.restarts import run_with_restarts
 from launcher.control.runners import get_runner
 from launcher.planning.plan import JobPlan
+from launcher.planning.restart_plan import RestartPolicy
 from launcher.wire import ControlEndpoint
 
 
-def launch(plan: JobPlan, environ: dict[str, str]) -> int:
-    """Run the job to its end; the exit code is the first failure's (0 when every rank succeeded).
+def launch(plan: JobPlan, environ: dict[str, str], policy: RestartPolicy = RestartPolicy(),
+           replan: Callable[[JobPlan, set[int]], JobPlan] | None = None) -> int:
+    """Run the job to its end, restarting it as `policy` allows; the exit code is the last try's
+    first failure's (0 when every rank succeeded).
 
-    ``environ`` is this machine's environment as the machine facts read it (once, at start).
+    ``environ`` is this machine's environment as the machine facts read it (once, at start);
+    ``replan(plan, lost_node_ranks)`` is the plan on the survivors (needed with --min_nodes).
     """
-    if plan.launcher == "local":
-        from launcher.control.local_job import run_local
+    def no_replan(_plan: JobPlan, _lost: set[int]) -> JobPlan:
+        raise AssertionError("a node was lost but no replan was given")  # pragma: no cover
+    return run_with_restarts(plan, policy, lambda p: launch_try(p, environ), replan or no_replan)
 
-        return run_local(plan, environ)
+
+def launch_try(plan: JobPlan, environ: dict[str, str]) -> Outcome:
+    """One try of the job: every node started, supervised, torn down."""
+    if plan.launcher == "local":
+        from launcher.control.local_job import run_local_try
+
+        return run_local_try(plan, environ)
     runner = get_runner(plan.launcher)
     environ = dict(environ)
     env = runner.runner_env(plan, environ) if hasattr(runner, "runner_env") else environ
@@ -36,4 +51,5 @@ def launch(plan: JobPlan, environ: dict[str, str]) -> int:
                     for node, argv in zip(plan.nodes, commands)]
         return [spawn_runner(runner.LABEL, commands[0], {**env, **credentials.runner_env()},
                              tuple(n.node_rank for n in plan.nodes))]
-    return controller.run(start)
+    code = controller.run(start)
+    return controller.outcome or Outcome(code)

@@ -6,6 +6,7 @@ import signal
 import socket
 
 from launcher import console
+from launcher.control.outcome import Outcome
 from launcher.errors import EXIT_SIGINT
 from launcher.node.ranks import rank_specs
 from launcher.node.supervisor import Supervisor
@@ -13,6 +14,11 @@ from launcher.planning.plan import JobPlan, with_master_port
 
 
 def run_local(plan: JobPlan, environ: dict[str, str], grace: float = 3.0) -> int:
+    return run_local_try(plan, environ, grace).exit_code
+
+
+def run_local_try(plan: JobPlan, environ: dict[str, str], grace: float = 3.0) -> Outcome:
+    """One try of a local job, its end as an Outcome (control/restarts.py restarts it)."""
     if plan.master_port == 0:   # --master_port 0 / --standalone: a free port here (the agents do it elsewhere)
         plan = with_master_port(plan, _free_port())
     specs = []
@@ -28,7 +34,7 @@ def run_local(plan: JobPlan, environ: dict[str, str], grace: float = 3.0) -> int
     finally:
         for signum, previous in handlers.items():
             signal.signal(signum, previous)
-    return finish(result)
+    return Outcome(finish(result), result.first_failure, interrupted=result.stopped_by)
 
 
 def finish(result) -> int:

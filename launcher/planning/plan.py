@@ -48,6 +48,8 @@ class LaunchOptions:
     heartbeat_timeout: float = 10.0
     no_preflight: bool = False
     force_multi: bool = False       # DeepSpeed's: start agents (ssh/pdsh) even for this machine alone
+    max_restarts: int = 0           # whole-job restarts after a failure (control/restarts.py)
+    min_nodes: int | None = None    # with restarts: drop a lost node while this many remain
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,9 @@
   affinity       print the cores this rank may run on and its OMP_NUM_THREADS
   all-fail CODE T  every rank ignores SIGTERM/SIGINT, waits until epoch time T, says the same
                  line and exits with CODE (all ranks fail alike, within dslaunch's stop grace)
+  crash-once R MARKER   rank R exits 3 while MARKER is absent (it creates it); then every rank prints its restart count
+  crash-always R CODE   rank R exits CODE on every try, its last line naming the try
+  first-try-sleeps      prints WORLD/TRY/NODE/MASTER; sleeps 60 s on the first try, exits 0 on later ones
 """
 import json
 import os
@@ -54,3 +57,25 @@ elif mode == "affinity":
     print("AFFINITY " + json.dumps({"rank": rank, "local_rank": int(os.environ["LOCAL_RANK"]),
                                     "cores": sorted(os.sched_getaffinity(0)),
                                     "omp": os.environ.get("OMP_NUM_THREADS")}), flush=True)
+elif mode == "crash-once":
+    # crash-once R MARKER: rank R exits 3 on the first try (no MARKER file yet), then all succeed
+    if rank == int(args[1]) and not os.path.exists(args[2]):
+        open(args[2], "w").close()
+        print("crashing once", file=sys.stderr, flush=True)
+        sys.exit(3)
+    time.sleep(0.5)
+    print("RESTART_COUNT " + json.dumps({k: os.environ.get(k) for k in
+                                         ("DSLAUNCH_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")}), flush=True)
+elif mode == "crash-always":
+    # crash-always R CODE: rank R exits CODE on every try, its message naming the try
+    if rank == int(args[1]):
+        time.sleep(0.5)
+        print(f"crash on try {os.environ.get('DSLAUNCH_RESTART_COUNT')}", file=sys.stderr, flush=True)
+        sys.exit(int(args[2]))
+    time.sleep(60)
+elif mode == "first-try-sleeps":
+    restart = os.environ.get("DSLAUNCH_RESTART_COUNT")
+    print(f"WORLD {os.environ['WORLD_SIZE']} TRY {restart} NODE {os.environ['NODE_RANK']} "
+          f"MASTER {os.environ['MASTER_ADDR']}", flush=True)
+    if restart == "0":
+        time.sleep(60)

@@ -213,6 +213,13 @@ def _restore_training_state(engine, path, states, metadata, shards, load_optimiz
         engine.loss_scaler.load_state_dict(states["loss_scaler"])
     for key in ("global_steps", "global_samples", "skipped_steps", "micro_steps"):
         setattr(engine, key, states[key])
+    if metadata["world_size"] != engine.dist.world_size:
+        # another world size, the same train_batch_size: accumulation changed, so the micro-step count
+        # restarts on this world's boundaries (checkpoints are taken on a boundary)
+        engine.micro_steps = engine.global_steps * engine.gradient_accumulation_steps()
+    sampler = getattr(getattr(engine, "training_dataloader", None), "sampler", None)
+    if hasattr(sampler, "resume"):  # the engine's own loader continues at the next unseen sample
+        sampler.resume(engine.global_samples)
     if metadata["world_size"] == engine.dist.world_size:  # RNG streams are per rank
         own = shards.get(engine.dist.rank) or fmt.load_file(os.path.join(path, fmt.shard_name(engine.dist.rank)))
         _set_rng_state(own["rng"])

@@ -1,0 +1,110 @@
+"""The restart loop: run a try, and after a failure start the job again, up to --max_restarts.
+
+Every try is a whole job (every rank everywhere stopped first, as without restarts). A lost node
+is dropped when --min_nodes allows it and the job is re-planned on the survivors; a failure that
+repeats at once the same way (same rank, code and last line, both tries short) stops the retries.
+"""
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from launcher import console
+from launcher.control.outcome import Outcome
+from launcher.errors import EXIT_SIGINT
+from launcher.planning.plan import JobPlan
+from launcher.planning.restart_plan import RestartPolicy, with_restart_count
+
+QUICK_FAILURE_S = 60.0   # a try that failed sooner than this "failed at once"
+PAUSE_S = 1.0            # between a try's teardown and the next try's start
+
+
+@dataclass(frozen=True)
+class Try:
+    """A finished try: how it ended and how long it ran."""
+
+    outcome: Outcome
+    seconds: float
+
+
+def repeats_at_once(previous: Try | None, last: Try) -> bool:
+    """True when `last` failed the same way as `previous`, and both failed at once."""
+    if previous is None or last.outcome.signature() is None:
+        return False
+    quick = previous.seconds < QUICK_FAILURE_S and last.seconds < QUICK_FAILURE_S
+    return quick and previous.outcome.signature() == last.outcome.signature()
+
+
+def next_plan(policy: RestartPolicy, plan: JobPlan, outcome: Outcome,
+              replan: Callable[[JobPlan, set[int]], JobPlan]) -> tuple[JobPlan | None, str]:
+    """The plan of the next try (None: do not restart) and what the console says happens next."""
+    if not outcome.lost:
+        return plan, f"restarting on {len(plan.nodes)} node(s), world size {plan.world_size}"
+    survivors = len(plan.nodes) - len(set(outcome.lost))
+    if policy.min_nodes is None:
+        return None, "not restarting: a node was lost and --min_nodes was not given"
+    if survivors < policy.min_nodes:
+        return None, f"not restarting: {survivors} node(s) left, fewer than --min_nodes {policy.min_nodes}"
+    shrunk = replan(plan, set(outcome.lost))
+    return shrunk, (f"restarting on the {len(shrunk.nodes)} remaining node(s), world size {shrunk.world_size}, "
+                    f"master {shrunk.master_addr}")
+
+
+def run_with_restarts(plan: JobPlan, policy: RestartPolicy, run_try: Callable[[JobPlan], Outcome],
+                      replan: Callable[[JobPlan, set[int]], JobPlan]) -> int:
+    """Run tries until one succeeds, is interrupted, or no restart is left; its exit code."""
+    stop = _StopFlag()
+    previous: Try | None = None
+    restarts = 0
+    try:
+        while True:
+            began = time.monotonic()
+            outcome = run_try(with_restart_count(plan, restarts))
+            last = Try(outcome, time.monotonic() - began)
+            if outcome.ok or outcome.interrupted or stop.name or policy.max_restarts == 0:
+                return _finish(outcome, restarts, policy, stop.name)
+            if restarts >= policy.max_restarts:
+                console.say(f"{outcome.cause()}; no restart left")
+                return _finish(outcome, restarts, policy, None)
+            if repeats_at_once(previous, last):
+                console.say(f"{outcome.cause()} again, the same way within {QUICK_FAILURE_S:.0f} s of the start; "
+                            f"not restarting (fix the cause, then launch again)")
+                return _finish(outcome, restarts, policy, None)
+            following, what_next = next_plan(policy, plan, outcome, replan)
+            if following is None:
+                console.say(f"{outcome.cause()}; {what_next}")
+                return _finish(outcome, restarts, policy, None)
+            restarts += 1
+            console.say(f"restart {restarts}/{policy.max_restarts}: {outcome.cause()}; {what_next}")
+            plan, previous = following, last
+            time.sleep(PAUSE_S)
+            if stop.name:
+                return _finish(Outcome(EXIT_SIGINT, interrupted=stop.name), restarts, policy, stop.name)
+    finally:
+        stop.restore()
+
+
+def _finish(outcome: Outcome, restarts: int, policy: RestartPolicy, stopped: str | None) -> int:
+    if policy.max_restarts:
+        console.say(f"{restarts} of {policy.max_restarts} restart(s) used")
+    if stopped and not outcome.interrupted:
+        console.say(f"stopped by {stopped} between tries; nothing is running")
+        return EXIT_SIGINT if stopped == "SIGINT" else 128 + signal.SIGTERM
+    return outcome.exit_code
+
+
+class _StopFlag:
+    """SIGINT/SIGTERM between tries (each try installs its own handlers while it runs)."""
+
+    def __init__(self):
+        self.name: str | None = None
+        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def _handle(self, signum, _frame) -> None:
+        self.name = self.name or signal.Signals(signum).name
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
