@@ -57,6 +57,7 @@ class Controller:
         self.last_heard: dict[int, float] = {}
         self.done: set[int] = set()
         self.exits: list[RankExit] = []   # every rank's exit, to say when all failed alike
+        self.stopping = False              # a stop went out: later exits are stopped ranks, not failures
         self.hellos: dict[int, dict] = {}  # node rank -> its agent's hostname and pid
         self.lost: list[int] = []  # node ranks gone silent or that never confirmed the stop
         self.outcome: Outcome | None = None  # how this try ended (for control/restarts.py)
@@ -162,6 +163,7 @@ class Controller:
             if reason and stopping_since is None:
                 stopping_since = now
                 signum = signal.SIGINT if reason == "SIGINT" else signal.SIGTERM
+                self.stopping = True
                 self.broadcast({"type": "stop", "reason": reason, "signal": int(signum)})
                 if not plans_sent:
                     break
@@ -191,7 +193,7 @@ class Controller:
             done = RankExit(message["rank"], message["local_rank"], message["returncode"],
                             tuple(message.get("tail", ())), host)
             self.exits.append(done)
-            if not done.ok and failure is None:
+            if not done.ok and failure is None and not self.stopping:
                 return done
         elif kind == "error":
             console.say(f"node {node_rank} ({host}): {message['message']}")

@@ -90,13 +90,8 @@ class Supervisor:
         return NodeResult(exits=ordered, first_failure=first_failure, stopped_by=stopped_by)
 
     def _teardown(self, signum: int, exits: dict[int, RankExit]) -> None:
-        for proc in [p for p in self.procs if p.spec.rank not in exits]:
-            if proc.popen.poll() is not None:   # ended on its own, as the first failure did: say so
-                for reader in proc.readers:
-                    reader.join(timeout=1.0)
-                exits[proc.spec.rank] = RankExit(proc.spec.rank, proc.spec.local_rank, proc.popen.returncode,
-                                                 tuple(proc.tail), self.host)
-                self.on_exit(exits[proc.spec.rank])
+        """Stop the ranks still running; their exits are reported too (dslaunch tells a stopped
+        rank from a failed one by whether it had asked for the stop before)."""
         running = [p for p in self.procs if p.spec.rank not in exits]
         stop_processes([p.popen for p in running], first_signal=signum, grace=self.grace)
         for proc in running:
@@ -108,6 +103,7 @@ class Supervisor:
                 reader.join(timeout=0.5)
             exits[proc.spec.rank] = RankExit(proc.spec.rank, proc.spec.local_rank, code, tuple(proc.tail),
                                              self.host)
+            self.on_exit(exits[proc.spec.rank])
 
     def _close_logs(self) -> None:
         for log in self._logs:
