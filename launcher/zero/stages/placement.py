@@ -38,11 +38,9 @@ class OnDevice:
     def norm_grads(self, masters: list[torch.Tensor]) -> list[torch.Tensor]:
         return [master.grad for master in masters]
 
-    def scale_grads(self, masters: list[torch.Tensor], factor: float) -> None:
-        if factor != 1.0:
-            for master in masters:
-                if master.grad is not None:
-                    master.grad.mul_(factor)
+    def takes_factor(self, factor: float) -> bool:
+        """Whether the optimizer applies the step's unscale/clip factor itself (else the grads are scaled)."""
+        return False
 
     def bucket_numel(self, configured: int) -> int:
         """The gradient bucket size to use (``reduce_bucket_size`` unless the placement needs less)."""
@@ -128,13 +126,11 @@ class OnHost(OnDevice):
     def norm_grads(self, masters: list[torch.Tensor]) -> list[torch.Tensor]:
         return list(self.owned)
 
-    def scale_grads(self, masters: list[torch.Tensor], factor: float) -> None:
-        """Unscaling and clipping: the CPU Adam applies the factor as it reads each gradient."""
+    def takes_factor(self, factor: float) -> bool:
+        """Unscaling and clipping: our CPU Adam applies the factor as it reads each gradient."""
         if self.optimizer_scales:
             self.optimizer.grad_factor = factor
-        elif factor != 1.0:
-            for host in self.host_grads:
-                host.mul_(factor)
+        return self.optimizer_scales
 
     def _copy_whole(self, grad: torch.Tensor, host: torch.Tensor) -> None:
         for start in range(0, grad.numel(), self.STAGE_NUMEL):

@@ -135,7 +135,8 @@ class WholeParamsStrategy(ZeroStrategy):
         return self.placement.norm_grads(self.masters)
 
     def scale_master_grads(self, factor: float) -> None:
-        self.placement.scale_grads(self.masters, factor)
+        if not self.placement.takes_factor(factor):
+            super().scale_master_grads(factor)
 
     def after_optimizer_step(self) -> None:
         with torch.no_grad():
