@@ -85,3 +85,19 @@ def test_pipeline_2_x_tensor_2_x_data_matches_adamw(world_size):
     # bytes follow the partition [0, 2, 4] and the shards: a block holds (128 + 16 + 128) / 2 + 8 floats
     assert all(r["parts"] == [0, 2, 4] for r in records)
     assert [r["param_bytes"] for r in records] == [4 * 2 * 144] * (world_size // 2) + [4 * (144 + 72)] * (world_size // 2)
+
+
+@pytest.mark.parametrize("model, gas, method, parts", [
+    ("plain", 2, "uniform", [0, 2, 3, 4, 5]),     # rank 0 holds layers 0-1 and 3, rank 1 layers 2 and 4
+    ("plain", 4, "parameters", [0, 2, 3, 4, 5]),   # 144 + 0 | 272 | 0 | 136
+    ("tied", 2, "uniform", [0, 2, 3, 4, 5]),      # the tie joins chunk 0 of rank 0 and chunk 1 of rank 1
+])
+def test_interleaved_1f1b_with_two_virtual_stages_matches_adamw(model, gas, method, parts):
+    records = _run(2, "interleaved:2", model, gas, method)
+    _check_parity(records)
+    assert all(r["parts"] == parts for r in records)
+    for record in records:    # a rank holds its two non-adjacent chunks' parameters, no more
+        owned = [i for chunk in (0, 1) for i in range(parts[2 * chunk + record["stage"]], parts[2 * chunk + record["stage"] + 1])]
+        if model == "plain":
+            assert record["param_bytes"] == 4 * sum(record["reference_param_counts"][i] for i in owned), record
+            assert record["keys"] == sorted(f"{i}.{n}" for i in owned if i % 2 == 0 for n in ("bias", "weight"))

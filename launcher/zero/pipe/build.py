@@ -14,7 +14,7 @@ from launcher.zero.optim import build_optimizer
 from launcher.zero.parallel.topology import check_autotp_size
 from launcher.zero.pipe.engine import PipelineEngine
 from launcher.zero.pipe.module import PipelineModule
-from launcher.zero.pipe.schedule import SCHEDULES
+from launcher.zero.pipe.schedule import SCHEDULES, build_schedule
 from launcher.zero.precision import precision_policy
 from launcher.zero.sched import build_scheduler
 
@@ -26,7 +26,10 @@ def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source,
     cfg = load_config(source, world_size=data_parallel_size)
     _check_supported(cfg)
     check_autotp_size(cfg.unsupported, max(1, topo.get_dim("model")))
-    schedule = _schedule_name(cfg)
+    schedule = _schedule_name(cfg, module.num_virtual_stages)
+    # validate eagerly: a bad schedule / micro-batch count is a ConfigError here, not a hang in train_batch
+    build_schedule(schedule, cfg.gradient_accumulation_steps, module.num_stages, module.stage_id,
+                   module.num_virtual_stages)
     stages = (cfg.unsupported.get("pipeline") or {}).get("stages", "auto")
     if stages not in ("auto", None) and stages != module.num_stages:
         raise ConfigError(f"pipeline.stages is {stages} but the PipelineModule has {module.num_stages} stages",
@@ -66,7 +69,8 @@ def _check_supported(cfg) -> None:
                           hint='set "zero_optimization": {"stage": 0}')
 
 
-def _schedule_name(cfg) -> str:
+def _schedule_name(cfg, num_virtual_stages: int) -> str:
+    """``pipeline.schedule``; a module with virtual stages defaults to ``interleaved``, others to ``1f1b``."""
     section = cfg.unsupported.get("pipeline") or {}
     if not isinstance(section, dict):
         raise ConfigError("pipeline: expected an object", hint='"pipeline": {"schedule": "1f1b"}')
@@ -74,7 +78,7 @@ def _schedule_name(cfg) -> str:
                               "pipe_partitioned", "grad_partitioned"}
     if unknown:
         raise ConfigError(f"pipeline.{sorted(unknown)[0]}: unknown key", hint=f"pipeline.schedule is one of {SCHEDULES}")
-    return str(section.get("schedule", "1f1b"))
+    return str(section.get("schedule", "interleaved" if num_virtual_stages > 1 else "1f1b"))
 
 
 def _optimizer(optimizer, params, cfg):

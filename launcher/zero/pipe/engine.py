@@ -48,6 +48,11 @@ class PipelineEngine:
         self.schedule_timing: dict[str, float] = {}
         self.data_iterator: Iterator | None = None
         self._link = StageLink(device)
+        self.num_chunks = module.num_virtual_stages
+        # interleaved: a pair of ranks carries activations and gradients both ways, so each kind gets its own
+        # group (its own FIFO, on gloo and NCCL alike); one chunk per rank keeps the default group
+        self._channels = ({FORWARD: dist.new_group(), BACKWARD: dist.new_group()} if self.num_chunks > 1
+                          else {FORWARD: None, BACKWARD: None})
         self._tie_groups = self._build_tie_groups()
         self._sync_tied_weights()
 
@@ -136,50 +141,61 @@ class PipelineEngine:
     def _peer(self, stage: int) -> int:
         return self.grid.stage_to_global(stage)
 
-    def _forward(self, micro: int, batch: Any, state: dict) -> None:
-        if self.is_first_stage():
+    def _is_first(self, chunk: int) -> bool:
+        return self.is_first_stage() and chunk == 0
+
+    def _is_last(self, chunk: int) -> bool:
+        return self.is_last_stage() and chunk == self.num_chunks - 1
+
+    def _neighbour(self, chunk: int, step: int) -> int:
+        """The global rank of the virtual stage ``step`` (-1 or +1) away from this rank's ``chunk``."""
+        return self._peer((chunk * self.num_stages + self.stage_id + step) % self.num_stages)
+
+    def _forward(self, micro: int, chunk: int, batch: Any, state: dict) -> None:
+        if self._is_first(chunk):
             inputs = _to(batch[0], self.device)
             if isinstance(inputs, torch.Tensor) and inputs.is_floating_point():
                 inputs = inputs.to(self._param_dtype)
         else:
-            inputs = self._link.recv(self._peer(self.stage_id - 1))
+            inputs = self._link.recv(self._neighbour(chunk, -1), self._channels[FORWARD])
             if torch.is_grad_enabled() and inputs.is_floating_point():
                 inputs.requires_grad_()
-        outputs = self.module(inputs)
-        if self.is_last_stage():
+        outputs = self.module(inputs, chunk=chunk) if self.num_chunks > 1 else self.module(inputs)
+        if self._is_last(chunk):
             loss = self.module.loss_fn(outputs, _to(batch[1], self.device))
             state["losses"].append(loss.detach().float())
             outputs = loss
         else:
-            self._link.send(outputs, self._peer(self.stage_id + 1))
-        state["inputs"][micro], state["outputs"][micro] = inputs, outputs
+            self._link.send(outputs, self._neighbour(chunk, +1), self._channels[FORWARD])
+        state["inputs"][chunk, micro], state["outputs"][chunk, micro] = inputs, outputs
 
-    def _backward(self, micro: int, state: dict) -> None:
-        inputs, outputs = state["inputs"].pop(micro), state["outputs"].pop(micro)
-        if self.is_last_stage():
+    def _backward(self, micro: int, chunk: int, state: dict) -> None:
+        inputs, outputs = state["inputs"].pop((chunk, micro)), state["outputs"].pop((chunk, micro))
+        if self._is_last(chunk):
             scale = self.loss_scaler.scale if self.loss_scaler is not None else 1.0
             (outputs.float() * (scale / self.micro_batches)).backward()
         else:
-            grad = self._link.recv(self._peer(self.stage_id + 1))
+            grad = self._link.recv(self._neighbour(chunk, +1), self._channels[BACKWARD])
             torch.autograd.backward(outputs, grad_tensors=grad)
-        if not self.is_first_stage():
+        if not self._is_first(chunk):
             grad = inputs.grad if inputs.grad is not None else torch.zeros_like(inputs)
-            self._link.send(grad, self._peer(self.stage_id - 1))
+            self._link.send(grad, self._neighbour(chunk, -1), self._channels[BACKWARD])
 
     def _run_schedule(self, batches: list[Any], train: bool) -> list[torch.Tensor]:
         """Execute this stage's actions; ``schedule_timing`` keeps the wall time and the time spent waiting."""
         state = {"inputs": {}, "outputs": {}, "losses": []}
         started, self._link.recv_wait_s = time.perf_counter(), 0.0
-        if train:
-            actions = build_schedule(self.schedule_name, self.micro_batches, self.num_stages, self.stage_id)
-        else:
-            actions = [(FORWARD, micro) for micro in range(len(batches))]
+        actions = build_schedule(self.schedule_name, self.micro_batches, self.num_stages, self.stage_id,
+                                 self.num_chunks)
+        if not train:   # the forwards alone, in the schedule's order (the same on every rank)
+            actions = [action for action in actions if action[0] == FORWARD]
         with torch.set_grad_enabled(train):
-            for kind, micro in actions:
+            for action in actions:
+                kind, micro, chunk = action[0], action[1], (action[2] if len(action) > 2 else 0)
                 if kind == FORWARD:
-                    self._forward(micro, batches[micro], state)
+                    self._forward(micro, chunk, batches[micro], state)
                 elif kind == BACKWARD:
-                    self._backward(micro, state)
+                    self._backward(micro, chunk, state)
         self._link.wait_sends()
         self.schedule_timing = {"wall_s": time.perf_counter() - started, "recv_wait_s": self._link.recv_wait_s}
         return state["losses"]

@@ -5,6 +5,11 @@
 copies on different stages equal (their gradients summed across the tie). Non-tied layers are
 children named by their global index, so a stage's ``state_dict()`` keys read ``<index>.<param>``
 as in ``nn.Sequential``; tied modules live under ``tied_modules.<key>``.
+
+``num_virtual_stages=V`` (our extension; DeepSpeed has no interleaving) splits the layers into
+``num_stages x V`` chunks, and stage s holds chunks ``s, s + P, s + 2P, ...`` (Megatron's and
+``torch.distributed.pipelining``'s layout), run by the ``interleaved`` schedule. ``parts`` then has
+``P x V + 1`` boundaries, one part per virtual stage.
 """
 from __future__ import annotations
 
@@ -71,7 +76,8 @@ class PipelineModule(nn.Module):
     def __init__(self, layers, num_stages: int | None = None, topology: ProcessTopology | None = None,
                  loss_fn: Callable | None = None, seed_layers: bool = False, seed_fn=None, base_seed: int = 1234,
                  partition_method: str = "parameters", activation_checkpoint_interval: int = 0,
-                 activation_checkpoint_func: Callable = checkpoint, checkpointable_layers=None):
+                 activation_checkpoint_func: Callable = checkpoint, checkpointable_layers=None,
+                 num_virtual_stages: int = 1):
         super().__init__()
         self._layer_specs = list(layers)
         if not self._layer_specs:
@@ -91,12 +97,17 @@ class PipelineModule(nn.Module):
         self.activation_checkpoint_interval = int(activation_checkpoint_interval)
         self.activation_checkpoint_func = activation_checkpoint_func
         self.seed_layers, self.base_seed = seed_layers, base_seed
-        self.parts = partition_layers(partition_method, self.num_stages,
+        if not isinstance(num_virtual_stages, int) or num_virtual_stages < 1:
+            raise ConfigError(f"PipelineModule: num_virtual_stages={num_virtual_stages!r}; expected an int >= 1",
+                              hint="num_virtual_stages=2 interleaves two chunks of layers per stage")
+        self.num_virtual_stages = num_virtual_stages
+        self.parts = partition_layers(partition_method, self.num_stages * num_virtual_stages,
                                       [_param_count(layer) for layer in self._layer_specs],
                                       [_type_name(layer) for layer in self._layer_specs])
         self.tied_modules = nn.ModuleDict()
         self.tied_weight_attrs: dict[str, list[str]] = {}
         self.forward_funcs: list[Callable] = []
+        self.chunk_funcs: list[list[Callable]] = [[] for _ in range(num_virtual_stages)]
         self._build()
 
     @staticmethod
@@ -113,33 +124,40 @@ class PipelineModule(nn.Module):
                               f"{world_size} ranks", hint="launch a multiple of num_stages ranks")
         return PipeDataParallelTopology(num_pp=num_stages, num_dp=world_size // num_stages)
 
-    def stage_layers(self, stage_id: int) -> range:
-        """The global indices of the layers stage ``stage_id`` owns."""
-        return range(self.parts[stage_id], self.parts[stage_id + 1])
+    def chunk_layers(self, stage_id: int, chunk: int) -> range:
+        """The global indices of chunk ``chunk`` (virtual stage ``chunk x P + stage_id``) of a stage."""
+        virtual = chunk * self.num_stages + stage_id
+        return range(self.parts[virtual], self.parts[virtual + 1])
+
+    def stage_layers(self, stage_id: int) -> list[int]:
+        """The global indices of the layers stage ``stage_id`` owns, over all its chunks."""
+        return [index for chunk in range(self.num_virtual_stages) for index in self.chunk_layers(stage_id, chunk)]
 
     def _build(self) -> None:
-        for index in self.stage_layers(self.stage_id):
-            layer = self._layer_specs[index]
-            if self.seed_layers:
-                torch.manual_seed(self.base_seed + index)
-            if isinstance(layer, TiedLayerSpec):
-                if layer.key not in self.tied_modules:
-                    self.tied_modules[layer.key] = layer.build()
-                    self.tied_weight_attrs[layer.key] = layer.tied_weight_attr
-                module = self.tied_modules[layer.key]
-                self.forward_funcs.append(_tied_forward(module, layer.forward_fn))
-            elif isinstance(layer, LayerSpec):
-                module = layer.build()
-                self.add_module(str(index), module)
-                self.forward_funcs.append(module)
-            elif isinstance(layer, nn.Module):
-                self.add_module(str(index), layer)
-                self.forward_funcs.append(layer)
-            elif callable(layer):
-                self.forward_funcs.append(layer)
-            else:
-                raise ConfigError(f"PipelineModule: layer {index} ({layer!r}) is neither a LayerSpec, a module nor "
-                                  "a callable", hint=None)
+        for chunk in range(self.num_virtual_stages):
+            for index in self.chunk_layers(self.stage_id, chunk):
+                self.chunk_funcs[chunk].append(self._build_layer(index))
+        self.forward_funcs = [func for funcs in self.chunk_funcs for func in funcs]
+
+    def _build_layer(self, index: int) -> Callable:
+        """Build layer ``index`` (registered as a child named by it) and return what its forward calls."""
+        layer = self._layer_specs[index]
+        if self.seed_layers:
+            torch.manual_seed(self.base_seed + index)
+        if isinstance(layer, TiedLayerSpec):
+            if layer.key not in self.tied_modules:
+                self.tied_modules[layer.key] = layer.build()
+                self.tied_weight_attrs[layer.key] = layer.tied_weight_attr
+            return _tied_forward(self.tied_modules[layer.key], layer.forward_fn)
+        if isinstance(layer, LayerSpec):
+            layer = layer.build()
+        if isinstance(layer, nn.Module):
+            self.add_module(str(index), layer)
+            return layer
+        if callable(layer):
+            return layer
+        raise ConfigError(f"PipelineModule: layer {index} ({layer!r}) is neither a LayerSpec, a module nor "
+                          "a callable", hint=None)
 
     def tied_stages(self) -> dict[str, list[int]]:
         """For every tie key, the stages holding a copy (the same answer on every rank)."""
@@ -151,10 +169,11 @@ class PipelineModule(nn.Module):
                     stages[layer.key].append(stage)
         return stages
 
-    def forward(self, x):
-        """This stage's layers in order; every ``activation_checkpoint_interval`` layers are checkpointed."""
+    def forward(self, x, chunk: int | None = None):
+        """This stage's layers (or one chunk's) in order; every ``activation_checkpoint_interval`` layers
+        are checkpointed."""
         interval = self.activation_checkpoint_interval
-        funcs = self.forward_funcs
+        funcs = self.forward_funcs if chunk is None else self.chunk_funcs[chunk]
         if interval <= 0 or not torch.is_grad_enabled():
             for func in funcs:
                 x = func(x)

@@ -2,7 +2,8 @@
 
 A message is a fixed-size int64 header (dtype code, ndim, dims) then the data, both on the default
 group with global ranks, so it works on gloo (CPU) and NCCL alike. Sends are non-blocking (their
-handles are kept until ``wait_sends``); receives block.
+handles are kept until ``wait_sends``); receives block. ``group`` (a group of every rank; peers are
+global ranks) keeps one kind of message in its own order.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ class StageLink:
         self._pending: list[tuple] = []   # (work, tensor) kept alive until the send completes
         self.recv_wait_s = 0.0            # time blocked in receives: the stage's idle (bubble) time
 
-    def send(self, tensor: torch.Tensor, peer: int) -> None:
+    def send(self, tensor: torch.Tensor, peer: int, group=None) -> None:
         tensor = tensor.detach().contiguous()
         if tensor.dtype not in _DTYPES or tensor.dim() > _MAX_DIMS:
             raise ConfigError(f"pipeline: a stage output of dtype {tensor.dtype} and {tensor.dim()} dims cannot "
@@ -35,16 +36,16 @@ class StageLink:
         header[1] = tensor.dim()
         header[2:2 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
         for item in (header, tensor):
-            self._pending.append((dist.isend(item, dst=peer), item))
+            self._pending.append((dist.isend(item, dst=peer, group=group), item))
 
-    def recv(self, peer: int) -> torch.Tensor:
+    def recv(self, peer: int, group=None) -> torch.Tensor:
         started = time.perf_counter()
         header = torch.zeros(2 + _MAX_DIMS, dtype=torch.int64, device=self.device)
-        dist.recv(header, src=peer)
+        dist.recv(header, src=peer, group=group)
         ndim = int(header[1])
         shape = [int(size) for size in header[2:2 + ndim]]
         tensor = torch.empty(shape, dtype=_DTYPES[int(header[0])], device=self.device)
-        dist.recv(tensor, src=peer)
+        dist.recv(tensor, src=peer, group=group)
         self.recv_wait_s += time.perf_counter() - started
         return tensor
 

@@ -1,6 +1,7 @@
 """Rank-side pipeline parity: PipelineModule through zero.initialize vs. single-process AdamW.
 
-argv: num_stages schedule model gas partition_method [tensor]. ``model`` is ``plain`` (5 layers, an
+argv: num_stages schedule model gas partition_method [tensor]. ``schedule`` "interleaved:V" builds the
+module with V virtual stages per rank. ``model`` is ``plain`` (5 layers, an
 uneven split over 2 stages), ``tied`` (the first and the last layer share one weight, across
 stages) or ``tp`` (3 residual MLP blocks, column- then row-parallel over ``tensor`` ranks, and a head).
 Prints one ``RESULT {json}`` line: the max abs weight error, the losses of both, bytes per stage.
@@ -97,12 +98,14 @@ def main():
     num_stages, schedule, model, gas, method = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
     tensor = int(sys.argv[6]) if len(sys.argv) > 6 else 1
     model, _, checkpointed = model.partition("+")   # "plain+ckpt": activation checkpoint every 2 layers
+    schedule, _, virtual = schedule.partition(":")  # "interleaved:2": two chunks per rank
     zero.init_distributed()
     world_size = int(os.environ["WORLD_SIZE"])
     grid = ParallelGrid(PipeModelDataParallelTopology(num_stages, tensor, world_size // (num_stages * tensor)))
     module = PipelineModule(specs(model, grid.get_model_parallel_group() if tensor > 1 else None), topology=grid,
                             loss_fn=nn.functional.mse_loss, partition_method=method, seed_layers=True,
-                            base_seed=BASE_SEED, activation_checkpoint_interval=2 if checkpointed else 0)
+                            base_seed=BASE_SEED, activation_checkpoint_interval=2 if checkpointed else 0,
+                            num_virtual_stages=int(virtual or 1))
     config = {"train_micro_batch_size_per_gpu": MBS, "gradient_accumulation_steps": gas, "gradient_clipping": CLIP,
               "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": [0.9, 0.99], "eps": 1e-8,
                                                         "weight_decay": 0.01}},
