@@ -29,7 +29,7 @@ import psutil
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = """import os, socket, sys, time
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-work, mode = sys.argv[1], sys.argv[2]
+work, mode = [a for a in sys.argv[1:] if not a.startswith("--local_rank")][:2]   # deepspeed adds --local_rank
 with open(os.path.join(work, f"start.{rank}"), "w") as f:
     f.write(f"{time.time()!r} {os.getpid()}")
 print(f"rank {rank} of {world} on {socket.gethostname()}", flush=True)
