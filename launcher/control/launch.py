@@ -6,9 +6,11 @@ mpirun, srun), with the runner's environment when it has one (``runner_env``).
 """
 from __future__ import annotations
 
+import resource
 from typing import Callable
 
 from launcher.control.controller import Controller, Started, spawn_runner
+from launcher.control.fanout import FDS_PER_NODE, soft_limit_for
 from launcher.control.outcome import Outcome
 from launcher.control.restarts import run_with_restarts
 from launcher.control.runners import get_runner
@@ -40,6 +42,7 @@ def launch_try(plan: JobPlan, environ: dict[str, str]) -> Outcome:
     environ = dict(environ)
     env = runner.runner_env(plan, environ) if hasattr(runner, "runner_env") else environ
 
+    _ensure_fd_limit(len(plan.nodes), FDS_PER_NODE if getattr(runner, "PER_NODE", False) else 2)
     controller = Controller(plan, delivery=runner.SECRET_DELIVERY)
     credentials = controller.credentials
 
@@ -53,3 +56,12 @@ def launch_try(plan: JobPlan, environ: dict[str, str]) -> Outcome:
                              tuple(n.node_rank for n in plan.nodes))]
     code = controller.run(start)
     return controller.outcome or Outcome(code)
+
+
+def _ensure_fd_limit(node_count: int, per_node: int) -> None:
+    """Raise the soft fd limit as far as this job needs (or fail before anything starts)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    inf = resource.RLIM_INFINITY
+    wanted = soft_limit_for(node_count, -1 if soft == inf else soft, -1 if hard == inf else hard, per_node)
+    if wanted != (-1 if soft == inf else soft):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))

@@ -26,7 +26,7 @@ def command(plan: JobPlan, endpoint: ControlEndpoint) -> list[str]:
     _ssh_args(plan, {})  # refuse what pdsh cannot do before anything starts
     hosts = ",".join(n.ssh_target for n in plan.nodes)
     line = remote_shell_command(plan, agent_argv(plan, endpoint, "%n", SECRET_DELIVERY))
-    return ["pdsh", "-S", "-R", "ssh", "-f", "1024", "-w", hosts, *shlex.split(plan.launcher_args), line]
+    return ["pdsh", "-S", "-R", "ssh", "-f", str(max(1024, len(plan.nodes))), "-w", hosts, *shlex.split(plan.launcher_args), line]
 
 
 def render(plan: JobPlan, endpoint: ControlEndpoint) -> list[list[str]]:
