@@ -42,13 +42,14 @@ def launch_try(plan: JobPlan, environ: dict[str, str]) -> Outcome:
     environ = dict(environ)
     env = runner.runner_env(plan, environ) if hasattr(runner, "runner_env") else environ
 
-    _ensure_fd_limit(len(plan.nodes), FDS_PER_NODE if getattr(runner, "PER_NODE", False) else 2)
+    per_node = getattr(runner, "PER_NODE", False)
+    _ensure_fd_limit(len(plan.nodes), FDS_PER_NODE if per_node else 2)
     controller = Controller(plan, delivery=runner.SECRET_DELIVERY)
     credentials = controller.credentials
 
     def start(endpoint: ControlEndpoint) -> list[Started]:
         commands = runner.render(plan, endpoint)
-        if getattr(runner, "PER_NODE", False):  # ssh: each node's key on its own connection's stdin
+        if per_node:  # ssh: each node's key on its own connection's stdin
             return [spawn_runner(f"{runner.LABEL} {node.host}", argv, env, (node.node_rank,),
                                  stdin_data=credentials.stdin_for(node.node_rank))
                     for node, argv in zip(plan.nodes, commands)]
@@ -61,7 +62,7 @@ def launch_try(plan: JobPlan, environ: dict[str, str]) -> Outcome:
 def _ensure_fd_limit(node_count: int, per_node: int) -> None:
     """Raise the soft fd limit as far as this job needs (or fail before anything starts)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    inf = resource.RLIM_INFINITY
-    wanted = soft_limit_for(node_count, -1 if soft == inf else soft, -1 if hard == inf else hard, per_node)
-    if wanted != (-1 if soft == inf else soft):
+    finite = lambda limit: -1 if limit == resource.RLIM_INFINITY else limit  # noqa: E731
+    wanted = soft_limit_for(node_count, finite(soft), finite(hard), per_node)
+    if wanted != finite(soft):
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
