@@ -84,6 +84,8 @@ class ParamCoordinator:
         self.backward_position = 0
         self._frames: list[list[torch.nn.Parameter]] = []  # per running hooked module: params read by access
         self._in_forward = False
+        #: called with the parameters about to be gathered (overlap_step waits for their update)
+        self.before_fetch = None
 
     # ---- installation -----------------------------------------------------------------
     def install(self) -> None:
@@ -113,6 +115,8 @@ class ParamCoordinator:
 
     # ---- gather / release with bookkeeping ------------------------------------------------
     def fetch(self, params, async_op: bool = False) -> None:
+        if self.before_fetch is not None:
+            self.before_fetch(params)
         for p in params:
             if p.ds_state.status == P.NOT_AVAILABLE:
                 P.start_gather(p, async_op=async_op)
