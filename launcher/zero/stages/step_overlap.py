@@ -81,6 +81,10 @@ class StepOverlap:
                 self._events[position].append((end, event))
             self._cond.notify_all()
 
+    def is_final(self, position: int, end: int) -> bool:
+        """Whether ``wait_for(position, end)`` would return without blocking the thread."""
+        return self._future is None or self._finished or self._marks[position] >= end
+
     def wait_for(self, position: int, end: int) -> None:
         """Block until elements [0, end) of ``position`` are final; the current stream waits for their copy."""
         if self._future is None:

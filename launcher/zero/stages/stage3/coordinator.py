@@ -86,6 +86,8 @@ class ParamCoordinator:
         self._in_forward = False
         #: called with the parameters about to be gathered (overlap_step waits for their update)
         self.before_fetch = None
+        #: whether a parameter may be gathered without waiting (prefetch stops at the first that may not)
+        self.ready = None
 
     # ---- installation -----------------------------------------------------------------
     def install(self) -> None:
@@ -217,6 +219,8 @@ class ParamCoordinator:
                 if p.ds_state.status != P.NOT_AVAILABLE:
                     continue
                 if self.live_numel + p.ds_state.numel > self.options.max_live_parameters:
+                    return
+                if self.ready is not None and not self.ready(p):
                     return
                 self.fetch([p], async_op=True)
                 budget -= p.ds_state.numel

@@ -29,6 +29,7 @@ class Stage3StepOverlap:
         self.next_slot = [0] * len(strategy.masters)
         optimizer.on_chunk = self._chunk_updated
         strategy.coordinator.before_fetch = self.wait_for
+        strategy.coordinator.ready = self.is_ready
         self.hooks = []
         for child in module.modules():
             own = [p for p in child.parameters(recurse=False) if id(p) in self.needs]
@@ -54,6 +55,11 @@ class Stage3StepOverlap:
             need = self.needs.get(id(p))
             if need is not None:
                 self.overlap.wait_for(*need)
+
+    def is_ready(self, param) -> bool:
+        """Whether ``param``'s update is done: a prefetch does not wait for one that is not."""
+        need = self.needs.get(id(param))
+        return need is None or self.overlap.is_final(*need)
 
     def _chunk_updated(self, master: torch.Tensor, start: int, end: int) -> None:
         """Worker thread: master[:end] is final; upload the slots it completes and publish them."""
@@ -81,5 +87,5 @@ class Stage3StepOverlap:
         for handle in self.hooks:
             handle.remove()
         self.hooks = []
-        self.strategy.coordinator.before_fetch = None
+        self.strategy.coordinator.before_fetch = self.strategy.coordinator.ready = None
         self.overlap.close()

@@ -1,0 +1,93 @@
+"""offload_optimizer.overlap_step on one rank (gloo, in this process): bf16 weights bit-identical
+to the synchronous step at stages 1-3, an error of the background step raised by the next call,
+and the config mistakes refused with a hint. (2-rank parity: tests/dist/test_overlap_step.py.)"""
+import time
+
+import pytest
+import torch
+
+from launcher import zero
+from launcher.zero.errors import ConfigError
+from launcher.zero.optim.cpu_adam import CPUAdam
+
+
+@pytest.fixture(autouse=True)
+def no_process_group_left():
+    yield
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+class SlowAdam(CPUAdam):
+    """A CPU Adam slow enough that the next forward starts while it still runs."""
+
+    fail_at_step = None
+
+    def _step_chunk(self, tensors, out, step, *rest):
+        time.sleep(0.002)
+        if step == self.fail_at_step:
+            raise RuntimeError(f"host step {int(step)} failed")
+        return super()._step_chunk(tensors, out, step, *rest)
+
+
+def config(stage, overlap, **offload):
+    return {"train_micro_batch_size_per_gpu": 8, "gradient_clipping": 0.05, "bf16": {"enabled": True},
+            "gradient_accumulation_steps": 2, "zero_allow_untested_optimizer": True,
+            "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 100,
+                                  "offload_optimizer": {"device": "cpu", "overlap_step": overlap, **offload}}}
+
+
+def build(stage, overlap, fail_at_step=None):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4))
+
+    def optimizer(params):
+        adam = SlowAdam(params, lr=0.01, weight_decay=0.1, chunk_elements=96)
+        adam.fail_at_step = fail_at_step
+        return adam
+    engine, _, _, _ = zero.initialize(model=model, optimizer=optimizer, config=config(stage, overlap))
+    return engine
+
+
+def micro_steps(engine, count, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(count):
+        x = torch.randn(8, 16, generator=gen).to(torch.bfloat16)
+        engine.backward(engine(x).float().pow(2).mean())
+        engine.step()
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_bf16_overlapped_step_gives_the_same_bits(stage):
+    results = []
+    for overlap in (False, True):
+        engine = build(stage, overlap)
+        micro_steps(engine, 8)
+        results.append(engine.module_state_dict())
+        engine.destroy()
+    plain, overlapped = results
+    assert plain.keys() == overlapped.keys()
+    for key in plain:
+        assert plain[key].dtype == torch.bfloat16
+        assert torch.equal(plain[key], overlapped[key]), key
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_an_error_in_the_background_step_is_raised_by_the_next_call(stage):
+    engine = build(stage, True, fail_at_step=2)
+    micro_steps(engine, 4)    # steps 1 and 2 start; step 2 fails in the worker thread
+    with pytest.raises(RuntimeError, match="host step 2 failed"):
+        micro_steps(engine, 1)
+    engine.destroy()
+
+
+def test_overlap_step_needs_a_cpu_adam_and_belongs_to_offload_optimizer():
+    model = torch.nn.Linear(4, 4)
+    with pytest.raises(ConfigError, match="overlap_step needs the engine's CPU Adam") as error:
+        zero.initialize(model=model, optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
+                        config=config(2, True))
+    assert "AdamW" in error.value.hint
+    with pytest.raises(ConfigError, match="belongs to offload_optimizer"):
+        cfg = config(3, False)
+        cfg["zero_optimization"]["offload_param"] = {"device": "cpu", "overlap_step": True}
+        zero.initialize(model=torch.nn.Linear(4, 4), optimizer=lambda params: CPUAdam(params), config=cfg)
