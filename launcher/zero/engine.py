@@ -325,6 +325,7 @@ class ZeroEngine(EngineAccessors):
 
     def destroy(self) -> None:
         """Remove the engine's hooks from the module; the engine must not be used afterwards."""
+        self.wait_for_step()
         self.strategy.destroy()
 
     def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin", exclude_frozen_parameters: bool = False) -> bool:

@@ -84,8 +84,6 @@ class ParamCoordinator:
         self.backward_position = 0
         self._frames: list[list[torch.nn.Parameter]] = []  # per running hooked module: params read by access
         self._in_forward = False
-        #: called with the parameters about to be gathered (overlap_step waits for their update)
-        self.before_fetch = None
         #: whether a parameter may be gathered without waiting (prefetch stops at the first that may not)
         self.ready = None
 
@@ -117,8 +115,6 @@ class ParamCoordinator:
 
     # ---- gather / release with bookkeeping ------------------------------------------------
     def fetch(self, params, async_op: bool = False) -> None:
-        if self.before_fetch is not None:
-            self.before_fetch(params)
         for p in params:
             if p.ds_state.status == P.NOT_AVAILABLE:
                 P.start_gather(p, async_op=async_op)

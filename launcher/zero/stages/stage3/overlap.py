@@ -3,15 +3,17 @@ waiting per parameter.
 
 As each chunk of a flat host master is updated (our CPU Adam's ``on_chunk``), the worker thread
 copies the shards and persistent parameters that the chunk completes to the device (on a side
-stream, cast there) and publishes the chunk's mark. A parameter waits for its mark when the
-coordinator is about to gather it (prefetches included) and, for the parameters every rank holds
-whole, when its module's forward starts. The host gradients are two buffers used in turn, so
+stream, cast there) and publishes the chunk's mark. A partitioned parameter waits for its mark
+whenever it is gathered (the forward, ``zero.GatheredParameters``; a prefetch stops at the first
+parameter not yet final instead of waiting), a parameter every rank holds whole when its module's
+forward starts. The host gradients are two buffers used in turn, so
 the next backward never writes the buffer the running step reads.
 """
 from __future__ import annotations
 
 import torch
 
+from launcher.zero.stages.stage3 import params as P
 from launcher.zero.stages.step_overlap import StepOverlap
 
 
@@ -28,11 +30,13 @@ class Stage3StepOverlap:
         self.position_of = {id(master): position for position, master in enumerate(strategy.masters)}
         self.next_slot = [0] * len(strategy.masters)
         optimizer.on_chunk = self._chunk_updated
-        strategy.coordinator.before_fetch = self.wait_for
+        self.partitioned = [p for params in strategy.group_params for p in params if P.is_partitioned(p)]
+        for param in self.partitioned:   # every gather (forward, prefetch, GatheredParameters) waits
+            param.ds_state.before_read = self._wait_for_one
         strategy.coordinator.ready = self.is_ready
         self.hooks = []
         for child in module.modules():
-            own = [p for p in child.parameters(recurse=False) if id(p) in self.needs]
+            own = [p for p in child.parameters(recurse=False) if id(p) in self.needs and not P.is_partitioned(p)]
             if own:
                 self.hooks.append(child.register_forward_pre_hook(
                     lambda _module, _args, own=own: self.wait_for(own), prepend=True))
@@ -55,6 +59,10 @@ class Stage3StepOverlap:
             need = self.needs.get(id(p))
             if need is not None:
                 self.overlap.wait_for(*need)
+
+    def _wait_for_one(self, param) -> None:
+        if self.overlap.busy:
+            self.overlap.wait_for(*self.needs[id(param)])
 
     def is_ready(self, param) -> bool:
         """Whether ``param``'s update is done: a prefetch does not wait for one that is not."""
@@ -87,5 +95,7 @@ class Stage3StepOverlap:
         for handle in self.hooks:
             handle.remove()
         self.hooks = []
-        self.strategy.coordinator.before_fetch = self.strategy.coordinator.ready = None
+        self.strategy.coordinator.ready = None
+        for param in self.partitioned:
+            param.ds_state.before_read = None
         self.overlap.close()

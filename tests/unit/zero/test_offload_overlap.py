@@ -30,14 +30,14 @@ class SlowAdam(CPUAdam):
         return super()._step_chunk(tensors, out, step, *rest)
 
 
-def config(stage, overlap, **offload):
+def config(stage, overlap, threshold=100, **offload):
     return {"train_micro_batch_size_per_gpu": 8, "gradient_clipping": 0.05, "bf16": {"enabled": True},
             "gradient_accumulation_steps": 2, "zero_allow_untested_optimizer": True,
-            "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 100,
+            "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": threshold,
                                   "offload_optimizer": {"device": "cpu", "overlap_step": overlap, **offload}}}
 
 
-def build(stage, overlap, fail_at_step=None):
+def build(stage, overlap, fail_at_step=None, threshold=100):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4))
 
@@ -45,7 +45,7 @@ def build(stage, overlap, fail_at_step=None):
         adam = SlowAdam(params, lr=0.01, weight_decay=0.1, chunk_elements=96)
         adam.fail_at_step = fail_at_step
         return adam
-    engine, _, _, _ = zero.initialize(model=model, optimizer=optimizer, config=config(stage, overlap))
+    engine, _, _, _ = zero.initialize(model=model, optimizer=optimizer, config=config(stage, overlap, threshold))
     return engine
 
 
@@ -57,11 +57,13 @@ def micro_steps(engine, count, seed=1):
         engine.step()
 
 
-@pytest.mark.parametrize("stage", [1, 2, 3])
-def test_bf16_overlapped_step_gives_the_same_bits(stage):
+# stage 3 with threshold 0: every parameter partitioned (each waits as it is gathered);
+# with 100 the biases stay whole (they wait as their module starts)
+@pytest.mark.parametrize("stage,threshold", [(1, 100), (2, 100), (3, 100), (3, 0)])
+def test_bf16_overlapped_step_gives_the_same_bits(stage, threshold):
     results = []
     for overlap in (False, True):
-        engine = build(stage, overlap)
+        engine = build(stage, overlap, threshold=threshold)
         micro_steps(engine, 8)
         results.append(engine.module_state_dict())
         engine.destroy()
