@@ -83,11 +83,15 @@ class CPUAdam(torch.optim.Optimizer):
         #: engine-set: called as ``on_chunk(param, start, end)`` in order, as each chunk's update
         #: (and its copy) is written, so the copy back to the device can start chunk by chunk
         self.on_chunk = None
+        #: engine-set: ``chunk_priority(param, start, end)`` -> a number; chunks run lowest first
+        #: (the first layers' chunks first, across parameters); a parameter's own chunks keep their order
+        self.chunk_priority = None
 
     def __getstate__(self):
         state = super().__getstate__()
         state.pop("_pool", None)
         state.pop("on_chunk", None)
+        state.pop("chunk_priority", None)
         return state
 
     def _state_for(self, p):
@@ -133,6 +137,8 @@ class CPUAdam(torch.optim.Optimizer):
                 target = None if params_16bit is None else params_16bit.get(p)
                 jobs.extend(self._chunk_jobs(p, state, settings, target, factor))
                 spans.extend((p, a, b) for a, b in _chunks(p.numel(), self.chunk_elements))
+        if self.chunk_priority is not None:
+            jobs, spans = _by_priority(jobs, spans, self.chunk_priority)
         notify = self.on_chunk
         return lambda: self._run(jobs, spans, notify)
 
@@ -174,6 +180,17 @@ class CPUAdam(torch.optim.Optimizer):
                             group["adamw_mode"], group["bias_correction"])
         if out is not None:
             out.copy_(param)
+
+
+def _by_priority(jobs, spans, priority):
+    """Jobs and spans sorted by priority; within one parameter never before its previous chunk."""
+    keys, running = [], {}
+    for param, start, end in spans:
+        key = max(priority(param, start, end), running.get(id(param), float("-inf")))
+        running[id(param)] = key
+        keys.append(key)
+    order = sorted(range(len(jobs)), key=keys.__getitem__)   # stable: ties keep their order
+    return [jobs[i] for i in order], [spans[i] for i in order]
 
 
 def adam_step_flat(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,

@@ -18,6 +18,7 @@ exception the worker thread hit.
 """
 from __future__ import annotations
 
+import bisect
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
@@ -117,3 +118,22 @@ class StepOverlap:
             self.wait()
         finally:
             self._pool.shutdown(wait=True)
+
+
+class FirstUseOrder:
+    """``chunk_priority`` for our CPU Adam: a chunk of a flat master ranks by the earliest
+    parameter it holds (in ``module.named_parameters()`` order, the order a forward usually
+    reads them), so the first layers of every optimizer group are updated first."""
+
+    def __init__(self, masters, starts: list[list[int]], ranks: list[list[int]]):
+        self.position_of = {id(master): position for position, master in enumerate(masters)}
+        self.starts, self.ranks = starts, ranks
+
+    def __call__(self, master, start: int, end: int) -> int:
+        position = self.position_of.get(id(master))
+        if position is None or not self.starts[position]:
+            return 0
+        starts, ranks = self.starts[position], self.ranks[position]
+        first = max(0, bisect.bisect_right(starts, start) - 1)
+        last = max(first + 1, bisect.bisect_left(starts, end))
+        return min(ranks[first:last])

@@ -24,7 +24,7 @@ from launcher.zero.layout.flat import ParamGroup, collect_groups, flatten_into_b
 from launcher.zero.stages.base import Fragment, ZeroStrategy
 from launcher.zero.stages.buckets import BucketQueue, plan_all_buckets, register_grad_hooks
 from launcher.zero.stages.placement import OnDevice, OnHost
-from launcher.zero.stages.step_overlap import StepOverlap
+from launcher.zero.stages.step_overlap import FirstUseOrder, StepOverlap
 
 
 class WholeParamsStrategy(ZeroStrategy):
@@ -74,14 +74,21 @@ class WholeParamsStrategy(ZeroStrategy):
                               [_covered(group, low, high) for group, (low, high) in zip(self.groups, bounds)])
         offload = ctx.config.zero_optimization.offload_optimizer
         if isinstance(self.placement, OnHost) and offload is not None and offload.overlap_step:
-            self._start_overlap(module, optimizer, bounds)
+            self._start_overlap(module, optimizer, bounds, order)
 
-    def _start_overlap(self, module: torch.nn.Module, optimizer, bounds) -> None:
+    def _start_overlap(self, module: torch.nn.Module, optimizer, bounds, order: dict[str, int]) -> None:
         """overlap_step: a background step; at world size 1 each module waits for its own weights
         (with more ranks the updated partitions are all-gathered first, so the forward waits whole)."""
         _prepare_of(optimizer)
         self.overlap = StepOverlap(self.context.dist.device)
         self.placement.overlap = self.overlap
+        if hasattr(optimizer, "chunk_priority"):
+            starts, ranks = [], []
+            for group, (low, high) in zip(self.groups, bounds):
+                inside = [s for s in group.layout.slots if s.offset < high and s.end > low]
+                starts.append([max(s.offset, low) - low for s in inside])
+                ranks.append([order[s.name] for s in inside])
+            optimizer.chunk_priority = FirstUseOrder(self.masters, starts, ranks)
         if self.context.dist.world_size > 1:
             return
         needs = {}

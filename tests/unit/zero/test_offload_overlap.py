@@ -93,3 +93,37 @@ def test_overlap_step_needs_a_cpu_adam_and_belongs_to_offload_optimizer():
         cfg = config(3, False)
         cfg["zero_optimization"]["offload_param"] = {"device": "cpu", "overlap_step": True}
         zero.initialize(model=torch.nn.Linear(4, 4), optimizer=lambda params: CPUAdam(params), config=cfg)
+
+
+class RecordingAdam(SlowAdam):
+    """Remembers which flat master and offset each chunk it stepped came from."""
+
+    def _step_chunk(self, tensors, *rest):
+        self.stepped.append(tensors[0].data_ptr())
+        return super()._step_chunk(tensors, *rest)
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_the_first_layers_are_stepped_first_across_optimizer_groups(stage):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4))
+    groups = [{"params": [model[0].weight, model[2].weight], "weight_decay": 0.1},
+              {"params": [model[0].bias, model[2].bias], "weight_decay": 0.0}]
+    adams = []
+
+    def optimizer(params):
+        adams.append(RecordingAdam(params, lr=0.01, chunk_elements=96))
+        adams[-1].stepped = []
+        return adams[-1]
+    engine, _, _, _ = zero.initialize(model=model, model_parameters=groups, optimizer=optimizer,
+                                      config=config(stage, True, threshold=0))
+    micro_steps(engine, 2)
+    engine.wait_for_step()
+    weights, biases = (g["params"][0] for g in adams[0].param_groups)
+    bias_chunk = adams[0].stepped.index(biases.data_ptr())
+    # the decay group holds the first layer's weight, then the last layer's: the group of the
+    # biases (the first layer's among them) goes between the two, not after both
+    last_weight_chunk = max(i for i, ptr in enumerate(adams[0].stepped) if weights.data_ptr() <= ptr
+                            < weights.data_ptr() + weights.numel() * 4)
+    assert 0 < bias_chunk < last_weight_chunk, adams[0].stepped
+    engine.destroy()

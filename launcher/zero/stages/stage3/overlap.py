@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from launcher.zero.stages.stage3 import params as P
-from launcher.zero.stages.step_overlap import StepOverlap
+from launcher.zero.stages.step_overlap import FirstUseOrder, StepOverlap
 
 
 class Stage3StepOverlap:
@@ -30,6 +30,11 @@ class Stage3StepOverlap:
         self.position_of = {id(master): position for position, master in enumerate(strategy.masters)}
         self.next_slot = [0] * len(strategy.masters)
         optimizer.on_chunk = self._chunk_updated
+        if hasattr(optimizer, "chunk_priority"):
+            order = {name: index for index, (name, _) in enumerate(module.named_parameters())}
+            optimizer.chunk_priority = FirstUseOrder(
+                strategy.masters, [[s.offset for s in slots] for slots in strategy.group_slots],
+                [[order.get(s.name, 0) for s in slots] for slots in strategy.group_slots])
         self.partitioned = [p for params in strategy.group_params for p in params if P.is_partitioned(p)]
         for param in self.partitioned:   # every gather (forward, prefetch, GatheredParameters) waits
             param.ds_state.before_read = self._wait_for_one
