@@ -191,8 +191,8 @@ class OnHost(OnDevice):
         if self.uploaded[position] < master.numel():
             self._upload(position, self.uploaded[position], master.numel())
         self.uploaded[position] = 0
-        if self.stream is not None and self.overlap is None:   # with overlap: each module waits
-            torch.cuda.current_stream().wait_stream(self.stream)
+        if self.stream is not None and not (self.overlap is not None and self.overlap.in_worker):
+            torch.cuda.current_stream().wait_stream(self.stream)   # in the background: each module waits
 
     def clear_grads(self, masters: list[torch.Tensor], stepping: bool = False) -> None:
         super().clear_grads(masters)

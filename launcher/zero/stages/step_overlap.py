@@ -39,6 +39,7 @@ class StepOverlap:
         self._marks: list[int] = []
         self._events: list[list[tuple[int, object]]] = []
         self._streams: list = []
+        self._worker: int | None = None
         #: a side stream for uploads a strategy issues itself (stage 3); None on the CPU
         self.stream = torch.cuda.Stream(device=device) if self.cuda else None
 
@@ -46,6 +47,11 @@ class StepOverlap:
     def busy(self) -> bool:
         """Whether a step was started and not yet waited for."""
         return self._future is not None
+
+    @property
+    def in_worker(self) -> bool:
+        """Whether the caller is the worker thread of a running step."""
+        return not self._finished and threading.get_ident() == self._worker
 
     def start(self, positions: int, work: Callable[[], None]) -> None:
         """Run ``work`` (the step, its uploads, its ``publish`` calls) in the worker thread."""
@@ -58,6 +64,7 @@ class StepOverlap:
         self._future = self._pool.submit(self._run, work)
 
     def _run(self, work: Callable[[], None]) -> None:
+        self._worker = threading.get_ident()
         try:
             if self.cuda:
                 torch.cuda.set_device(self.device)   # the current device is per thread
@@ -69,7 +76,10 @@ class StepOverlap:
                 self._cond.notify_all()
 
     def publish(self, position: int, end: int, stream=None) -> None:
-        """Worker thread: elements [0, end) of ``position`` are final once ``stream``'s queued work is."""
+        """Worker thread: elements [0, end) of ``position`` are final once ``stream``'s queued work is.
+        A no-op outside a running step (a synchronous write-back after a checkpoint load)."""
+        if self._finished:
+            return
         event = None
         if self.cuda and stream is not None:
             event = torch.cuda.Event()

@@ -127,3 +127,21 @@ def test_the_first_layers_are_stepped_first_across_optimizer_groups(stage):
                             < weights.data_ptr() + weights.numel() * 4)
     assert 0 < bias_chunk < last_weight_chunk, adams[0].stepped
     engine.destroy()
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_a_checkpoint_saved_right_after_step_resumes_to_the_same_bits(stage, tmp_path):
+    results = []
+    for overlap in (False, True):
+        engine = build(stage, overlap)
+        micro_steps(engine, 4)
+        engine.save_checkpoint(str(tmp_path / f"ckpt{overlap}"))   # the background step still runs
+        engine.destroy()
+        resumed = build(stage, overlap)
+        resumed.load_checkpoint(str(tmp_path / f"ckpt{overlap}"))
+        micro_steps(resumed, 4, seed=2)
+        results.append(resumed.module_state_dict())
+        resumed.destroy()
+    plain, overlapped = results
+    for key in plain:
+        assert torch.equal(plain[key], overlapped[key]), key
