@@ -277,7 +277,7 @@ class Controller:
 
     def _silent_node(self, now: float) -> str | None:
         for node in self.plan.nodes:
-            heard = self.last_heard.get(node.node_rank, now)
+            heard = max(self.last_heard.get(node.node_rank, now), self.inbox.heard.get(node.node_rank, 0.0))
             if node.node_rank not in self.done and now - heard > self.plan.heartbeat_timeout:
                 self.done.add(node.node_rank)  # nothing more will come from it: do not wait for it
                 self.lost.append(node.node_rank)

@@ -116,6 +116,7 @@ class Inbox:
         self._wants_lock = threading.Lock()
         self._waiting_hello: set[Connection] = set()
         self._stopped = False
+        self.heard: dict[int, float] = {}   # node rank -> when its socket last had data (monotonic)
         listener.setblocking(False)
         self._selector.register(listener, selectors.EVENT_READ, "listener")
         self._selector.register(self._wake_read, selectors.EVENT_READ, "wake")
@@ -222,6 +223,7 @@ class Inbox:
             if connection.node_rank is None:
                 return
         node_rank = connection.node_rank
+        self.heard[node_rank] = time.monotonic()   # alive, however long its lines wait to be printed
         output = [line for line in lines if line.startswith(OUTPUT_PREFIX)]
         if output:
             self.output.put((node_rank, output))
