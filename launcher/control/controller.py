@@ -148,6 +148,8 @@ class Controller:
             # one turn: every waiting event (failure, exit, done) first, then a bounded batch of output
             for node_rank, message in self._take_events(wait=0.0 if self.relay.pending(self.inbox) else 0.05):
                 failure = self._handle(node_rank, message, failure)
+            if (failure or stop_reason["value"]) and stopping_since is None:
+                continue   # the stop goes out before any more output is printed
             self.relay.print_some(self.inbox, self.last_heard)
         self.relay.print_all(self.inbox, self.last_heard)
         for item in started:   # nothing from the runners after the summary buries it
