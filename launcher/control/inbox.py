@@ -158,7 +158,18 @@ class Inbox:
                 self.events.put(item)
             if self._waiting_hello:
                 self._expire_hellos()
+        self._close_all()
+
+    def _close_all(self) -> None:
+        """The job is over: an agent still connected sees dslaunch go away (and stops its ranks)."""
+        for key in list(self._selector.get_map().values()):
+            if isinstance(key.data, Connection):
+                with key.data._lock:
+                    key.data.closed = True
+                key.data.sock.close()
         self._selector.close()
+        self._wake_read.close()
+        self._wake_write.close()
 
     def _accept(self) -> None:
         while True:
