@@ -101,3 +101,17 @@ def test_interleaved_1f1b_with_two_virtual_stages_matches_adamw(model, gas, meth
         if model == "plain":
             assert record["param_bytes"] == 4 * sum(record["reference_param_counts"][i] for i in owned), record
             assert record["keys"] == sorted(f"{i}.{n}" for i in owned if i % 2 == 0 for n in ("bias", "weight"))
+
+
+@pytest.mark.parametrize("schedule, model, gas, method", [("1f1b", "plain+zero1", 2, "parameters"),
+                                                          ("gpipe", "tied+zero1", 3, "uniform")])
+def test_zero_stage_1_shards_the_optimizer_over_the_data_axis_and_matches_adamw(schedule, model, gas, method):
+    """Pipe 2 x data 2 at ZeRO stage 1: each data rank keeps Adam's moments for half its stage's elements."""
+    records = _run(2, schedule, model, gas, method)
+    _check_parity(records)
+    print(f"pipe 2 x data 2, stage 1, {schedule}, {model}: max abs error "
+          f"{max(r['max_abs_error'] for r in records):.3g}")
+    for record in records:
+        parts, stage = record["parts"], record["stage"]
+        stage_numel = sum(record["reference_param_counts"][parts[stage]:parts[stage + 1]])
+        assert record["optimizer_state_numel"] == 2 * -(-stage_numel // 2), record   # exp_avg + exp_avg_sq
