@@ -115,3 +115,13 @@ def test_zero_stage_1_shards_the_optimizer_over_the_data_axis_and_matches_adamw(
         parts, stage = record["parts"], record["stage"]
         stage_numel = sum(record["reference_param_counts"][parts[stage]:parts[stage + 1]])
         assert record["optimizer_state_numel"] == 2 * -(-stage_numel // 2), record   # exp_avg + exp_avg_sq
+
+
+def test_3d_at_zero_stage_1_matches_adamw():
+    """Pipe 2 x tensor 2 x data 2 at stage 1: each (stage, tensor rank) splits its shards' moments over data."""
+    records = _run(2, "1f1b", "tp+zero1", 2, "uniform", world_size=8, tensor=2)
+    _check_parity(records)
+    print(f"pipe 2 x tensor 2 x data 2, stage 1: max abs error {max(r['max_abs_error'] for r in records):.3g}")
+    for record in records:    # a stage's local (sharded) floats: 2 x 144 on stage 0, 144 + 72 on stage 1
+        local = record["param_bytes"] // 4
+        assert record["optimizer_state_numel"] == 2 * -(-local // 2), record
