@@ -23,6 +23,10 @@ def _run(stages, schedule, model, gas, method, world_size=4, tensor=1):
 
 
 def _check_parity(records):
+    worst = max(max(abs(a - b) for pair in zip(r["losses"], r["reference_losses"]) for a, b in zip(*pair))
+                for r in records)
+    print(f"parity: max abs weight error {max(r['max_abs_error'] for r in records):.3g}, "
+          f"loss/norm error {worst:.3g} (tensor {records[0]['tensor']}, data {records[0]['dp']})")
     for record in records:
         assert record["max_abs_error"] < 1e-5, record
         for (loss, norm), (ref_loss, ref_norm) in zip(record["losses"], record["reference_losses"]):

@@ -20,6 +20,7 @@ def test_tensor_2_x_data_2_matches_adamw_at_every_stage():
     for result in results:
         records = result.records()
         assert [r["stage"] for r in records] == [0, 1, 2, 3], result.stdout
+        print("tensor 2 x data 2, (stage, max abs error):", [(r["stage"], r["max_abs_error"]) for r in records])
         for record in records:
             assert record["max_abs_error"] < 1e-5, record
             for norm, ref_norm in zip(record["norms"], record["reference_norms"]):
