@@ -8,6 +8,14 @@ from launcher.zero.pipe import LayerSpec, PipelineModule
 from launcher.zero.pipe.shard import OptimizerShard
 
 
+@pytest.fixture(autouse=True)
+def no_process_group_left():
+    """zero.initialize starts a one-rank group in the pytest process; other tests start their own."""
+    yield
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 def _module():
     return PipelineModule([LayerSpec(torch.nn.Linear, 2, 2)], num_stages=1, loss_fn=torch.nn.functional.mse_loss)
 
