@@ -135,7 +135,12 @@ def _check_config(options: LaunchOptions, plan: JobPlan):
             check_tensor_groups_within_nodes(layout, {r.rank: n.host for n in plan.nodes for r in n.ranks},
                                              options.config)
             data_ranks = layout.data   # the batch triplet counts data-parallel ranks
-        check_without_model(load_config(path, world_size=data_ranks))
+        config = load_config(path, world_size=data_ranks)
+        if pipe > 1 and config.zero_stage > 1:      # the engine refuses it too (launcher/zero/pipe/build.py)
+            raise ConfigError(f"zero_optimization.stage {config.zero_stage} with pipeline.stages {pipe} is not "
+                              "supported (pipelines run ZeRO stages 0-1 over the data axis, DeepSpeed's limit too)",
+                              hint='set "zero_optimization": {"stage": 1}')
+        check_without_model(config)
     except ConfigError as error:
         raise ConfigError(f"{path}: {error.message}" if path not in error.message else error.message,
                           hint=error.hint) from None

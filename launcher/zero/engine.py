@@ -27,6 +27,15 @@ from launcher.zero.precision import PrecisionPolicy
 from launcher.zero.stages.base import ZeroStrategy
 
 
+@dataclass(frozen=True)
+class TensorParallelInfo:
+    """This rank's place on the tensor axis (``zero.initialize(mpu=)``), and how its shards split."""
+
+    rank: int = 0
+    size: int = 1
+    partition_dims: tuple = ()        # (parameter name, dim) for every tensor-parallel shard
+
+
 @dataclass
 class EngineParts:
     """What zero.initialize assembled for the engine."""
@@ -258,7 +267,6 @@ class ZeroEngine(EngineAccessors):
         """Collective: every rank writes its shard; returns once the checkpoint is complete."""
         from launcher.zero.checkpoint.save_load import save_checkpoint
 
-        self._refuse_tensor_parallel_checkpoint()
         self.wait_for_step()
         return save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {}, save_latest=save_latest)
 
@@ -267,21 +275,17 @@ class ZeroEngine(EngineAccessors):
         """Restore a checkpoint (any world size); returns (path, client_state) or (None, None)."""
         from launcher.zero.checkpoint.save_load import load_checkpoint
 
-        self._refuse_tensor_parallel_checkpoint()
         self.wait_for_step()
         return load_checkpoint(self, load_dir, tag=tag, load_module_strict=load_module_strict,
                                load_optimizer_states=load_optimizer_states,
                                load_lr_scheduler_states=load_lr_scheduler_states, load_module_only=load_module_only)
 
-    #: set by zero.initialize(mpu=...): tensor ranks of one data rank would write the same shard files
-    tensor_parallel_size = 1
+    #: set by zero.initialize(mpu=...): checkpoint files carry the tensor rank, metadata the partition dims
+    tensor_parallel = TensorParallelInfo()
 
-    def _refuse_tensor_parallel_checkpoint(self) -> None:
-        if self.tensor_parallel_size > 1:
-            from launcher.zero.errors import NotSupportedError
-            raise NotSupportedError("checkpoints of a tensor-parallel model through mpu= are not supported yet",
-                                    hint="wrap the model as a one-stage PipelineModule(topology=grid): its "
-                                         "checkpoints keep one file per tensor rank")
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self.tensor_parallel.size
 
     def module_state_dict(self, destination=None, prefix: str = "", keep_vars: bool = False,
                           exclude_frozen_parameters: bool = False) -> dict:
