@@ -9,6 +9,10 @@ Per size (8, 32, 64, 128 nodes) and runner (ssh, pdsh, openmpi; DeepSpeed's `dee
   fail: every rank sleeps; once all have started the last rank exits 1. Measured: time from
         that exit until every rank process on every node is gone (nodes share the PID space
         and the filesystem with this machine, so rank pids are checked from here).
+Both jobs also report job_cpu_s: the CPU seconds of every process of the job, on every node
+and here (each node's sshd collects its finished sessions' CPU time, agents and ranks included;
+this process collects the launcher's, ssh and pdsh included), and load1, the machine's 1-minute
+load average at the start (the dev machine is shared).
 Needs `scripts/local-cluster up N` for the largest N (run under flock /tmp/dslaunch-cluster.lock).
 One JSON line per (size, runner, job) on stdout.
 """
@@ -58,6 +62,31 @@ def starts(work: str) -> list[tuple[float, int]]:
             t, pid = handle.read().split()
         out.append((float(t), int(pid)))
     return out
+
+
+def job_cpu_seconds(size: int) -> float:
+    """CPU seconds of finished processes under the nodes' sshd listeners, plus this process's children.
+
+    A process's CPU time goes to its parent when the parent reaps it: ranks to their agent, the
+    agent to its sshd session, the session to the node's listening sshd (read from its pid file)."""
+    state = os.environ.get("DSL_CLUSTER_DIR", "/run/dslaunch-cluster")
+    total = 0.0
+    for k in range(1, size + 1):
+        try:
+            with open(os.path.join(state, f"n{k}", "sshd.pid")) as handle:
+                times = psutil.Process(int(handle.read())).cpu_times()
+            total += times.children_user + times.children_system
+        except (OSError, ValueError, psutil.Error):
+            continue
+    here = os.times()
+    return total + here.children_user + here.children_system
+
+
+def with_job_cpu(measure, argv: list[str], work: str, world: int) -> dict:
+    before, load1 = job_cpu_seconds(world), os.getloadavg()[0]
+    row = measure(argv, work, world)
+    time.sleep(0.5)   # the node sessions end (and are reaped) just after the launcher
+    return {**row, "job_cpu_s": round(job_cpu_seconds(world) - before, 2), "load1": round(load1, 2)}
 
 
 def run_ok(argv: list[str], work: str, world: int) -> dict:
@@ -146,7 +175,7 @@ def main() -> int:
                     with open(hosts, "w") as handle:
                         handle.writelines(f"node{k} slots=1\n" for k in range(1, size + 1))
                     argv = launcher_argv(runner, hosts)
-                    row = (run_ok if job == "ok" else run_fail)(argv, work, size)
+                    row = with_job_cpu(run_ok if job == "ok" else run_fail, argv, work, size)
                 finally:
                     shutil.rmtree(work, ignore_errors=True)
                 print(json.dumps({"nodes": size, "runner": runner, "job": job, **row}), flush=True)

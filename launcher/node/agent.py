@@ -97,9 +97,15 @@ class Agent:
         return 0 if result.ok else 1
 
     def _wait_for_plan(self) -> dict | None:
+        """Answer dslaunch until the plan comes; no heartbeat deadline runs meanwhile.
+
+        dslaunch may gather hellos (and run the preflight) for many seconds on a big job, and
+        says nothing it must while it does: the silence clock starts when the plan arrives.
+        A dslaunch that dies meanwhile closes the socket (recv returns None)."""
         try:
             while True:
                 message = self.channel.recv()
+                self.last_heard = time.monotonic()
                 if message is None:
                     return None
                 if message["type"] == "pick_port":
