@@ -160,3 +160,56 @@ def test_sigint_during_the_restarts_exits_130_and_leaves_nothing_on_any_node(clu
     time.sleep(1.0)
     left = [p.pid for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
     assert left == []   # the namespaces share this pid space: no rank or agent of this job anywhere
+
+
+def _start_first_try_sleeps(hostfile, *flags):
+    """The 3-node first-try-sleeps job under ssh; returns (proc, lines seen, pid of rank 4 on node3)."""
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "-H", str(hostfile), "--launcher", "ssh",
+                             "--heartbeat_timeout", "3", *flags, RANKS, "first-try-sleeps"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    seen, rank4 = [], None
+    while len([line for line in seen if "TRY 0" in line]) < 6 or rank4 is None:
+        seen.append(proc.stdout.readline())
+        assert seen[-1], "the first try did not start 6 ranks"
+        found = re.search(r"\[rank 4\] pid (\d+) rank 4", seen[-1])
+        rank4 = int(found.group(1)) if found else rank4
+    return proc, seen, rank4
+
+
+def _second_try(proc, seen):
+    out, err = proc.communicate(timeout=120)
+    seen += out.splitlines()
+    return [line for line in seen if "TRY 1" in line], err
+
+
+def test_a_node_whose_agent_is_killed_is_dropped_and_the_job_finishes_on_the_two_left(cluster_hostfile):
+    import psutil
+    proc, seen, rank4 = _start_first_try_sleeps(cluster_hostfile(3), "--max_restarts", "1", "--min_nodes", "2")
+    agent = psutil.Process(rank4).parent()   # the namespaces share this pid space
+    assert "launcher.agent" in " ".join(agent.cmdline())
+    agent.kill()
+    second, err = _second_try(proc, seen)
+    assert proc.returncode == 0, err
+    assert len(second) == 4 and {re.search(r"NODE (\d+)", line).group(1) for line in second} == {"0", "1"}
+    assert {re.search(r"WORLD (\d+)", line).group(1) for line in second} == {"4"}
+    restart = [line for line in err.splitlines() if "restart 1/1:" in line]
+    assert len(restart) == 1 and "node 2 (node3) lost (agent died)" in restart[0], err
+    assert "1 of 1 restart(s) used; node(s) lost: node3 (agent died, try 0)" in err
+
+
+def test_a_node_whose_sshd_is_gone_is_dropped_at_the_restart_without_using_one(cluster_hostfile, healthy_cluster):
+    proc, seen, rank4 = _start_first_try_sleeps(cluster_hostfile(3), "--max_restarts", "1", "--min_nodes", "2")
+    try:
+        healthy_cluster.stop(3)            # its running session stays; no new ssh gets in
+        os.kill(rank4, signal.SIGKILL)     # the first try fails on node3; the restart cannot reach it
+        second, err = _second_try(proc, seen)
+    finally:
+        healthy_cluster.start(3)
+    assert proc.returncode == 0, err
+    assert len(second) == 4 and {re.search(r"NODE (\d+)", line).group(1) for line in second} == {"0", "1"}
+    restart = [line for line in err.splitlines() if "restart 1/1:" in line]
+    assert len(restart) == 1 and "rank 4 on node3" in restart[0], err
+    unreachable = [line for line in err.splitlines() if "unreachable at restart: node3 (" in line]
+    assert len(unreachable) == 1 and unreachable[0].endswith("(no restart used)"), err
+    assert "2 remaining node(s), world size 4" in unreachable[0]
+    assert "1 of 1 restart(s) used; node(s) lost: node3 (unreachable, " in err
