@@ -15,7 +15,7 @@ from typing import Callable
 
 from launcher import console
 from launcher.control.outcome import NodeTrouble, Outcome
-from launcher.errors import EXIT_SIGINT
+from launcher.errors import EXIT_SIGINT, UsageError
 from launcher.planning.plan import JobPlan
 from launcher.planning.restart_plan import RestartPolicy, with_restart_count
 
@@ -41,18 +41,27 @@ def repeats_at_once(previous: Try | None, last: Try) -> bool:
 
 def next_plan(policy: RestartPolicy, plan: JobPlan, outcome: Outcome,
               replan: Callable[[JobPlan, set[int]], JobPlan]) -> tuple[JobPlan | None, str]:
-    """The plan of the next try (None: do not restart) and what the console says happens next."""
+    """The plan of the next try (None: do not restart) and what the console says happens next.
+
+    `replan(plan, dropped)` plans the survivors, spares in the dropped nodes' places while any are left."""
     dropped = set(outcome.lost) | {t.node_rank for t in outcome.unreachable}
     if not dropped:
         return plan, f"restarting on {len(plan.nodes)} node(s), world size {plan.world_size}"
-    survivors = len(plan.nodes) - len(dropped)
-    if policy.min_nodes is None:
+    if not policy.drops_nodes:
         return None, "not restarting: a node was lost and --min_nodes was not given"
-    if survivors < policy.min_nodes:
-        return None, f"not restarting: {survivors} node(s) left, fewer than --min_nodes {policy.min_nodes}"
-    shrunk = replan(plan, dropped)
-    return shrunk, (f"restarting on the {len(shrunk.nodes)} remaining node(s), world size {shrunk.world_size}, "
-                    f"master {shrunk.master_addr}")
+    try:
+        following = replan(plan, dropped)
+    except UsageError:   # nothing left to plan on: no survivor and no spare
+        return None, "not restarting: no node is left (nor a standby host)"
+    spares = [n.host for n in following.nodes if n.host not in {m.host for m in plan.nodes}]
+    if policy.min_nodes is None and len(following.nodes) < len(plan.nodes):
+        return None, "not restarting: a node was lost, no standby host is left and --min_nodes was not given"
+    if policy.min_nodes is not None and len(following.nodes) < policy.min_nodes:
+        return None, (f"not restarting: {len(following.nodes)} node(s) left, "
+                      f"fewer than --min_nodes {policy.min_nodes}")
+    where = (f"on {len(following.nodes)} node(s) with standby {', '.join(spares)}" if spares
+             else f"on the {len(following.nodes)} remaining node(s)")
+    return following, f"restarting {where}, world size {following.world_size}, master {following.master_addr}"
 
 
 def run_with_restarts(plan: JobPlan, policy: RestartPolicy, run_try: Callable[[JobPlan, bool], Outcome],
@@ -68,7 +77,7 @@ def run_with_restarts(plan: JobPlan, policy: RestartPolicy, run_try: Callable[[J
     try:
         while True:
             began = time.monotonic()
-            outcome = run_try(with_restart_count(plan, restarts), restarts > 0 and policy.min_nodes is not None)
+            outcome = run_try(with_restart_count(plan, restarts), restarts > 0 and policy.drops_nodes)
             last = Try(outcome, time.monotonic() - began)
             gone += [(trouble, restarts) for trouble in outcome.lost_nodes()]
             gone += [(replace(t, reason=f"unreachable, {t.reason}"), restarts) for t in outcome.unreachable]

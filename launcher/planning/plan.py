@@ -50,6 +50,7 @@ class LaunchOptions:
     force_multi: bool = False       # DeepSpeed's: start agents (ssh/pdsh) even for this machine alone
     max_restarts: int = 0           # whole-job restarts after a failure (control/restarts.py)
     min_nodes: int | None = None    # with restarts: drop a lost node while this many remain
+    standby_hosts: str | None = None  # with restarts: a hostfile of spares for lost nodes
 
 
 @dataclass(frozen=True)
