@@ -213,3 +213,22 @@ def test_a_node_whose_sshd_is_gone_is_dropped_at_the_restart_without_using_one(c
     assert len(unreachable) == 1 and unreachable[0].endswith("(no restart used)"), err
     assert "2 remaining node(s), world size 4" in unreachable[0]
     assert "1 of 1 restart(s) used; node(s) lost: node3 (unreachable, " in err
+
+
+def test_a_standby_host_takes_the_place_of_node_3_whose_agent_died(cluster_hostfile, healthy_cluster, tmp_path):
+    import psutil
+    if healthy_cluster.nodes < 4:   # the session's cluster has 3: make the spare (node1..3 are made anew)
+        healthy_cluster.script("up", "4")
+    spares = tmp_path / "spares"
+    spares.write_text("node4 slots=2\n")
+    proc, seen, rank4 = _start_first_try_sleeps(cluster_hostfile(3), "--max_restarts", "1",
+                                                "--standby_hosts", str(spares))
+    psutil.Process(rank4).parent().kill()
+    second, err = _second_try(proc, seen)
+    assert proc.returncode == 0, err
+    assert len(second) == 6 and {re.search(r"WORLD (\d+)", line).group(1) for line in second} == {"6"}
+    assert {re.search(r"NODE (\d+)", line).group(1) for line in second} == {"0", "1", "2"}
+    restart = [line for line in err.splitlines() if "restart 1/1:" in line]
+    assert len(restart) == 1 and "node 2 (node3) lost (agent died)" in restart[0], err
+    assert "restarting on 3 node(s) with standby node4, world size 6" in restart[0]
+    assert err.count("preflight ok: 3 node(s)") == 2, err   # the checks ran again, the spare's included
