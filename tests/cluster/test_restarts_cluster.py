@@ -78,10 +78,10 @@ WORKER = os.path.join(ROOT, "tests", "dist", "workers", "elastic_worker.py")
 LAST = 7
 
 
-def train(hostfile, folder, *flags, cut=None, cluster=None):
+def train(hostfile, folder, *flags, cut=None, cluster=None, at_step_3=None):
     """The elastic worker on the cluster (12 samples a step, a checkpoint every 2 steps); with `cut`,
-    node `cut`'s link is cut after step 3 of the first try. Returns (rank-0 lines, stderr, seconds
-    from the cut to the first step on the survivors)."""
+    node `cut`'s link is cut after step 3 of the first try (or `at_step_3()` is called then). Returns
+    (rank-0 lines, stderr, seconds from the cut to the first step on the survivors)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "launcher", "-H", str(hostfile), "--launcher", "ssh",
                              "--heartbeat_timeout", "3", "--no_local_rank", "--env", "ELASTIC_TBS=12",
@@ -94,8 +94,8 @@ def train(hostfile, folder, *flags, cut=None, cluster=None):
             everything.append(line)
             if line.startswith("[rank 0] "):
                 lines.append(line[9:].rstrip("\n"))
-            if cut is not None and cut_at is None and line.startswith("[rank 0] STEP 3 TRY 0"):
-                cluster.cut(cut)
+            if (cut or at_step_3) is not None and cut_at is None and line.startswith("[rank 0] STEP 3 TRY 0"):
+                cluster.cut(cut) if at_step_3 is None else at_step_3()
                 cut_at = time.monotonic()
             if cut_at is not None and first_after is None and " TRY 1 " in line and "STEP" in line:
                 first_after = time.monotonic() - cut_at
@@ -232,3 +232,42 @@ def test_a_standby_host_takes_the_place_of_node_3_whose_agent_died(cluster_hostf
     assert len(restart) == 1 and "node 2 (node3) lost (agent died)" in restart[0], err
     assert "restarting on 3 node(s) with standby node4, world size 6" in restart[0]
     assert err.count("preflight ok: 3 node(s)") == 2, err   # the checks ran again, the spare's included
+
+
+def test_a_training_job_whose_node_3_agent_dies_finishes_on_two_with_the_reference_weights(cluster_hostfile,
+                                                                                          tmp_path):
+    import json
+    import psutil
+    marker = f"DSL_TEST_JOB={time.time()}"
+
+    def kill_node3_agent():
+        rank4 = next(p for p in psutil.process_iter() if _environ_has(p, marker, "RANK=4"))
+        agent = rank4.parent()
+        assert "launcher.agent" in " ".join(agent.cmdline())
+        agent.kill()
+    cut, err, to_first_step = train(cluster_hostfile(3), tmp_path / "killed", "--max_restarts", "1",
+                                    "--min_nodes", "2", "--env", marker, at_step_3=kill_node3_agent)
+    assert "restart 1/1: node 2 (node3) lost (agent died)" in err and "world size 4" in err, err
+    assert "node(s) lost: node3 (agent died, try 0)" in err
+    second_try = steps_of(cut, 1)
+    assert second_try[-1] == LAST and second_try == list(range(second_try[0], LAST + 1))
+    resumed_from = second_try[0] - 1
+    result = json.loads(next(line for line in reversed(cut) if line.startswith("RESULT "))[7:])
+    assert [s["gas"] for s in result["steps"]] == [3] * len(second_try)
+    sys.path.insert(0, os.path.join(ROOT, "tests", "dist"))
+    from test_elastic_resume import close, reference
+    from launcher.zero.data import GlobalBatchSampler
+    order = list(GlobalBatchSampler(96, 1, 0, 12, 1))
+    batches = [{"ids": sorted(order[12 * s:12 * s + 12])} for s in range(LAST)]
+    assert [s["ids"] for s in result["steps"]] == [b["ids"] for b in batches[resumed_from:]]
+    assert close(result["weights"], reference(batches)[1])
+    print(f"node 3's agent killed after step 3: first step on the 2 survivors {to_first_step:.1f} s later; "
+          f"steps repeated: {max(steps_of(cut, 0)) - resumed_from} (resumed from step {resumed_from})")
+
+
+def _environ_has(process, *entries):
+    try:
+        text = open(f"/proc/{process.pid}/environ", "rb").read().decode("utf-8", "replace").split("\0")
+    except OSError:
+        return False
+    return all(entry in text for entry in entries)
