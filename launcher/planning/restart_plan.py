@@ -56,8 +56,10 @@ class RestartPolicy:
         return text
 
     def to_json(self) -> dict:
-        return {"max_restarts": self.max_restarts, "min_nodes": self.min_nodes,
-                "standby_hosts": list(self.standby_hosts)}
+        document = {"max_restarts": self.max_restarts, "min_nodes": self.min_nodes}
+        if self.standby_hosts:   # only then: a document without spares stays as it was
+            document["standby_hosts"] = list(self.standby_hosts)
+        return document
 
 
 def with_restart_count(plan: JobPlan, count: int) -> JobPlan:
