@@ -68,8 +68,8 @@ def run_with_restarts(plan: JobPlan, policy: RestartPolicy, run_try: Callable[[J
                       replan: Callable[[JobPlan, set[int]], JobPlan], pause_s: float = PAUSE_S) -> int:
     """Run tries until one succeeds, is interrupted, or no restart is left; its exit code.
 
-    `run_try(plan, drop_unusable)`: with drop_unusable (restarts after the first try, --min_nodes
-    given) a try whose nodes cannot all take part returns their `unreachable` instead of failing."""
+    `run_try(plan, drop_unusable)`: with drop_unusable (restarts after the first try, with --min_nodes
+    or --standby_hosts) a try whose nodes cannot all take part returns their `unreachable` instead of failing."""
     stop = _StopFlag()
     previous: Try | None = None
     restarts = 0
