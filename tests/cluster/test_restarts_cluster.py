@@ -162,9 +162,9 @@ def test_sigint_during_the_restarts_exits_130_and_leaves_nothing_on_any_node(clu
     assert left == []   # the namespaces share this pid space: no rank or agent of this job anywhere
 
 
-def _start_first_try_sleeps(hostfile, *flags):
-    """The 3-node first-try-sleeps job under ssh; returns (proc, lines seen, pid of rank 4 on node3)."""
-    proc = subprocess.Popen([sys.executable, "-m", "launcher", "-H", str(hostfile), "--launcher", "ssh",
+def _start_first_try_sleeps(hostfile, *flags, launcher="ssh"):
+    """The 3-node first-try-sleeps job; returns (proc, lines seen, pid of rank 4 on node3)."""
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "-H", str(hostfile), "--launcher", launcher,
                              "--heartbeat_timeout", "3", *flags, RANKS, "first-try-sleeps"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     seen, rank4 = [], None
@@ -197,8 +197,11 @@ def test_a_node_whose_agent_is_killed_is_dropped_and_the_job_finishes_on_the_two
     assert "1 of 1 restart(s) used; node(s) lost: node3 (agent died, try 0)" in err
 
 
-def test_a_node_whose_sshd_is_gone_is_dropped_at_the_restart_without_using_one(cluster_hostfile, healthy_cluster):
-    proc, seen, rank4 = _start_first_try_sleeps(cluster_hostfile(3), "--max_restarts", "1", "--min_nodes", "2")
+@pytest.mark.parametrize("launcher", ["ssh", "pdsh"])
+def test_a_node_whose_sshd_is_gone_is_dropped_at_the_restart_without_using_one(cluster_hostfile, healthy_cluster,
+                                                                                launcher):
+    proc, seen, rank4 = _start_first_try_sleeps(cluster_hostfile(3), "--max_restarts", "1", "--min_nodes", "2",
+                                                launcher=launcher)
     try:
         healthy_cluster.stop(3)            # its running session stays; no new ssh gets in
         os.kill(rank4, signal.SIGKILL)     # the first try fails on node3; the restart cannot reach it
