@@ -98,6 +98,8 @@ def _one_name(message: str) -> str:
       help="Restart the whole job after a failed rank or a lost node, up to N times.")
 @_opt("--min_nodes", "min_nodes", type=int, default=None,
       help="With --max_restarts: drop a lost node and restart on the rest while at least M remain.")
+@_opt("--standby_hosts", "standby_hosts", default=None, metavar="FILE",
+      help="With --max_restarts: a hostfile of spares; a lost node's place goes to the next one.")
 @_opt("--config", "config", default=None, metavar="PATH", help="Engine config to validate and pass on.")
 @_opt("--dry-run", "--dry_run", "dry_run", is_flag=True, help="Print the plan and commands; start nothing.")
 @_opt("--json", "as_json", is_flag=True, help="With --dry-run or --check: one JSON document.")

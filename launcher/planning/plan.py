@@ -52,6 +52,7 @@ class LaunchOptions:
     max_restarts: int = 0           # whole-job restarts after a failure (control/restarts.py)
     min_nodes: int | None = None    # with restarts: drop a lost node while this many remain
     output: str = "all"             # which rank lines the console shows (launcher/output_modes.py)
+    standby_hosts: str | None = None  # with restarts: a hostfile of spares for lost nodes
 
 
 @dataclass(frozen=True)
