@@ -23,7 +23,7 @@ import time
 from typing import Callable
 
 from launcher.handshake import new_nonce
-from launcher.wire import keepalive
+from launcher.wire import keepalive, shutdown_quietly
 
 OUTPUT_PREFIX = b'{"type":"output"'   # how wire.Channel encodes an agent's output message
 READ_BYTES = 1 << 18
@@ -71,10 +71,7 @@ class Connection:
         """End the connection (the loop releases the socket)."""
         with self._lock:
             self.closed = True
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        shutdown_quietly(self.sock)
         self._inbox.want_write(self)
 
     def flush(self) -> bool:
