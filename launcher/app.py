@@ -14,7 +14,7 @@ from launcher.planning.hostfile import Host, load_hostfile
 from launcher.planning.plan import JobPlan, LaunchOptions, build_plan
 from launcher.planning.render import describe_plan, plan_to_json
 from launcher.planning.topology import build_layout, check_tensor_groups_within_nodes, describe_layout, sizes_from_sections
-from launcher.planning.restart_plan import RestartPolicy, surviving_options
+from launcher.planning.restart_plan import RestartPolicy, check_standby, surviving_options, with_standbys
 from launcher.wire import ControlEndpoint
 
 _OPTION_FIELDS = set(LaunchOptions.__dataclass_fields__)
@@ -57,7 +57,8 @@ def run(options: LaunchOptions, mode: Mode) -> int:
     if hosts is None and options.launcher == "slurm":
         hosts = slurm_hosts(machine.environ, options.num_gpus)
     plan = build_plan(hosts, options, machine)
-    policy = RestartPolicy.from_options(options)
+    standby = _standby_hosts(options, hosts)
+    policy = RestartPolicy.from_options(options, standby)
     if options.script:
         _check_script(options, plan)
     layout = _check_config(options, plan) if options.config else None
@@ -88,9 +89,23 @@ def run(options: LaunchOptions, mode: Mode) -> int:
     # unless --no-preflight, the agents check their nodes before any rank starts (control/controller.py)
     from launcher.control.launch import launch
 
-    def replan(previous: JobPlan, lost: set[int]) -> JobPlan:  # --min_nodes: the same job on the survivors
-        return build_plan(hosts, surviving_options(previous, options, lost), machine)
+    current, spares = hosts, list(standby)   # the hosts of the latest plan, the spares not yet taken
+
+    def replan(previous: JobPlan, lost: set[int]) -> JobPlan:  # the same job on the survivors (and spares)
+        nonlocal current, spares
+        if not standby:
+            return build_plan(hosts, surviving_options(previous, options, lost), machine)
+        current, following, spares = with_standbys(previous, options, current, lost, spares)
+        return build_plan(current, following, machine)
     return launch(plan, machine.environ, policy, replan)
+
+
+def _standby_hosts(options: LaunchOptions, hosts: list[Host] | None) -> tuple[Host, ...]:
+    if not options.standby_hosts:
+        return ()
+    spares, _path = load_hostfile(options.standby_hosts)
+    check_standby(hosts, spares or [], options.standby_hosts)
+    return tuple(spares or ())
 
 
 def slurm_hosts(environ: dict[str, str], num_gpus: int | None) -> list[Host]:
@@ -135,7 +150,12 @@ def _check_config(options: LaunchOptions, plan: JobPlan):
             check_tensor_groups_within_nodes(layout, {r.rank: n.host for n in plan.nodes for r in n.ranks},
                                              options.config)
             data_ranks = layout.data   # the batch triplet counts data-parallel ranks
-        check_without_model(load_config(path, world_size=data_ranks))
+        config = load_config(path, world_size=data_ranks)
+        if pipe > 1 and config.zero_stage > 1:      # the engine refuses it too (launcher/zero/pipe/build.py)
+            raise ConfigError(f"zero_optimization.stage {config.zero_stage} with pipeline.stages {pipe} is not "
+                              "supported (pipelines run ZeRO stages 0-1 over the data axis, DeepSpeed's limit too)",
+                              hint='set "zero_optimization": {"stage": 1}')
+        check_without_model(config)
     except ConfigError as error:
         raise ConfigError(f"{path}: {error.message}" if path not in error.message else error.message,
                           hint=error.hint) from None

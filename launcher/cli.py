@@ -13,6 +13,7 @@ import click
 
 from launcher import __version__
 from launcher.errors import EXIT_SIGINT, DslaunchError
+from launcher.output_modes import MODES as OUTPUT_MODES
 from launcher.planning.plan import LAUNCHERS
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -87,6 +88,8 @@ def _one_name(message: str) -> str:
       help="Run a DeepSpeed script unchanged: its `import deepspeed` gets dslaunch's engine.")
 @_opt("--log_dir", "--enable_each_rank_log", "log_dir", default=None, metavar="DIR",
       help="Also write DIR/rank_<R>.log on each node.")
+@_opt("--output", "output", default="all", show_default=True, type=click.Choice(OUTPUT_MODES),
+      help="Rank lines to show: all; rank0; failures (rank 0, and a failed rank's last lines); none.")
 @_opt("--remote_python", "remote_python", default=None, help="Python on the other nodes (default: this one).")
 @_opt("--workdir", "workdir", default=None, help="Working directory on every node (default: this one).")
 @_opt("--heartbeat_timeout", "heartbeat_timeout", type=float, default=10.0, show_default=True,
@@ -95,6 +98,8 @@ def _one_name(message: str) -> str:
       help="Restart the whole job after a failed rank or a lost node, up to N times.")
 @_opt("--min_nodes", "min_nodes", type=int, default=None,
       help="With --max_restarts: drop a lost node and restart on the rest while at least M remain.")
+@_opt("--standby_hosts", "standby_hosts", default=None, metavar="FILE",
+      help="With --max_restarts: a hostfile of spares; a lost node's place goes to the next one.")
 @_opt("--config", "config", default=None, metavar="PATH", help="Engine config to validate and pass on.")
 @_opt("--dry-run", "--dry_run", "dry_run", is_flag=True, help="Print the plan and commands; start nothing.")
 @_opt("--json", "as_json", is_flag=True, help="With --dry-run or --check: one JSON document.")

@@ -30,6 +30,31 @@ def print_rank_line(event: RankOutput) -> None:
         stream.flush()
 
 
+def print_rank_lines(events: list[RankOutput]) -> None:
+    """Many lines at once: one write and one flush per stream, in their order within each."""
+    out = [(e.rank, e.line) for e in events if e.stream == "stdout"]
+    err = [(e.rank, e.line) for e in events if e.stream != "stdout"]
+    write_rank_lines(out, err)
+
+
+def write_rank_lines(out: list[tuple[int, str]], err: list[tuple[int, str]]) -> None:
+    """(rank, line) pairs for stdout and for stderr, each list in one write (the controller's hot path)."""
+    texts = [(stream, _rank_text(pairs)) for stream, pairs in ((sys.stdout, out), (sys.stderr, err)) if pairs]
+    with _lock:
+        for stream, text in texts:
+            stream.write(text)
+            stream.flush()
+
+
+def _rank_text(pairs: list[tuple[int, str]]) -> str:
+    lines = []
+    for rank, line in pairs:
+        if line.startswith("[rank"):
+            line = _without_torch_prefix(RankOutput(rank, "", line))
+        lines.append(f"[rank {rank}] {line}\n")
+    return _scrub("".join(lines)) if _scrub.values else "".join(lines)
+
+
 def _without_torch_prefix(event: RankOutput) -> str:
     """torch.distributed's excepthook prefixes each traceback line with "[rankN]: "; ours says it already."""
     own = f"[rank{event.rank}]:"

@@ -65,11 +65,16 @@ class Channel:
     def close(self) -> None:
         with self._lock:
             self.closed = True
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        shutdown_quietly(self.sock)
         self.sock.close()
+
+
+def shutdown_quietly(sock: socket.socket) -> None:
+    """Shut both directions of a socket; one already gone is no error."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 def keepalive(sock: socket.socket) -> None:

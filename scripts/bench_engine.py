@@ -23,6 +23,7 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 DEFAULT_VARIANTS = ("plain,fsdp2,zero0,zero1,zero2,zero3,zero2_offload,zero3_offload,"
+                    "zero2_offload_overlap,zero3_offload_overlap,"
                     "ds_zero0,ds_zero1,ds_zero2,ds_zero3,ds_zero2_offload")
 TIMING_KEYS = ("step_ms_median", "step_ms_min", "tokens_per_s", "tflops", "peak_mem_gib")
 
@@ -132,17 +133,17 @@ def last_json_line(text: str) -> dict | None:
 
 def format_table(results: list[dict]) -> str:
     """One human-readable row per variant."""
-    rows = [f"{'variant':<18}{'status':<12}{'median ms':>10}{'min ms':>9}{'tok/s':>10}"
+    rows = [f"{'variant':<23}{'status':<12}{'median ms':>10}{'min ms':>9}{'tok/s':>10}"
             f"{'TFLOP/s':>9}{'peak GiB':>9}{'ratio':>7}{'mem':>6}  target"]
     for r in results:
         if r["status"] != "ok":
-            rows.append(f"{r['variant']:<18}{r['status']:<12}{r.get('reason', '')[:90]}")
+            rows.append(f"{r['variant']:<23}{r['status']:<12}{r.get('reason', '')[:90]}")
             continue
         target = ("" if "target_ratio" not in r else
                   f">={r['target_ratio']} {'met' if r['meets_target'] else 'MISSED'}")
         mem = r.get("peak_mem_gib")
         rows.append(
-            f"{r['variant']:<18}{'ok':<12}{r['step_ms_median']:>10.2f}{r['step_ms_min']:>9.2f}"
+            f"{r['variant']:<23}{'ok':<12}{r['step_ms_median']:>10.2f}{r['step_ms_min']:>9.2f}"
             f"{r['tokens_per_s']:>10.0f}{r['tflops']:>9.1f}"
             f"{('-' if mem is None else f'{mem:.2f}'):>9}"
             f"{r.get('ratio_vs_plain', float('nan')):>7.3f}{r.get('mem_vs_plain', float('nan')):>6.2f}"

@@ -19,18 +19,21 @@ from typing import Callable
 
 from launcher import console
 from launcher.control.check import preflight_failed
-from launcher.control.outcome import Outcome
+from launcher.control import unusable
+from launcher.control.inbox import Inbox
+from launcher.control.outcome import NodesUnusable, Outcome
+from launcher.control.startup import StartupWatch
+from launcher.control.streams import OutputRelay
 from launcher.errors import EXIT_NODE_LOST, EXIT_SIGINT, LaunchError
-from launcher.handshake import Credentials, new_nonce
+from launcher.handshake import Credentials
 from launcher.node.netinfo import local_address_toward
-from launcher.node.process import RankExit, RankOutput, stop_processes
+from launcher.node.process import RankExit, stop_processes
 from launcher.planning.plan import JobPlan, with_master_port
 from launcher.planning.render import node_to_json
-from launcher.wire import ControlEndpoint, HEARTBEAT_SECONDS, Channel, keepalive
+from launcher.wire import ControlEndpoint, HEARTBEAT_SECONDS
 
-STARTUP_TIMEOUT = 60.0
+STARTUP_TIMEOUT = 60.0   # no new agent connected for this long: the startup failed
 STOP_TIMEOUT = 10.0
-HELLO_TIMEOUT = 10.0
 
 
 @dataclass
@@ -45,21 +48,27 @@ class Started:
 
 
 class Controller:
-    def __init__(self, plan: JobPlan, grace: float = 3.0, delivery: str = "ticket"):
-        """`delivery`: how the runner hands agents their key (its SECRET_DELIVERY, launcher/handshake.py)."""
+    def __init__(self, plan: JobPlan, grace: float = 3.0, delivery: str = "ticket", drop_unusable: bool = False):
+        """`delivery`: how the runner hands agents their key (its SECRET_DELIVERY, launcher/handshake.py).
+        `drop_unusable` (a restart that may shrink): nodes whose agent cannot start or whose preflight
+        fails raise NodesUnusable (the restart loop drops them) instead of ending the job."""
         self.plan = plan
+        self.drop_unusable = drop_unusable
         self.grace = grace
         self.credentials = Credentials(delivery)
         self._admit_lock = threading.Lock()
         self.expected_sources = _node_addresses(plan)
-        self.events: queue.Queue = queue.Queue()
-        self.channels: dict[int, Channel] = {}
+        self.channels: dict = {}           # node rank -> its agent's inbox.Connection
         self.last_heard: dict[int, float] = {}
         self.done: set[int] = set()
         self.exits: list[RankExit] = []   # every rank's exit, to say when all failed alike
         self.stopping = False              # a stop went out: later exits are stopped ranks, not failures
         self.hellos: dict[int, dict] = {}  # node rank -> its agent's hostname and pid
-        self.lost: list[int] = []  # node ranks gone silent or that never confirmed the stop
+        self.lost: list[int] = []  # node ranks gone silent, whose agent died, or that never confirmed the stop
+        self.lost_reasons: dict[int, str] = {}
+        self.reported: set[int] = set()     # nodes whose agent said "done" (an EOF without it: the agent died)
+        self.plans_sent = False
+        self.died: list[int] = []           # agents that died, not yet acted on
         self.outcome: Outcome | None = None  # how this try ended (for control/restarts.py)
         remote = next((n for n in plan.nodes if not n.is_local), plan.nodes[0])
         toward = plan.master_addr if not remote.is_local else "127.0.0.1"
@@ -69,44 +78,15 @@ class Controller:
         self.listener = socket.create_server((address or "0.0.0.0", 0), family=family, backlog=len(plan.nodes) + 8)
         self.endpoint = ControlEndpoint(address or socket.gethostname(), self.listener.getsockname()[1],
                                         self.credentials.ticket)
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.relay = OutputRelay(plan.output)
+        # one selector loop owns every agent socket (control/inbox.py); its queues are our events
+        self.inbox = Inbox(self.listener, self._admit, console.say)
+        self.events: queue.Queue = self.inbox.events
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                sock, source = self.listener.accept()
-            except OSError:
-                return
-            keepalive(sock)
-            threading.Thread(target=self._read, args=(Channel(sock), source), daemon=True).start()
-
-    def _admit(self, channel: Channel, source: tuple) -> dict | None:
-        """Challenge a new connection; its hello when the agent proved its key, else None (logged)."""
-        nonce = new_nonce()
-        channel.sock.settimeout(HELLO_TIMEOUT)  # a silent connection must not hold a thread forever
-        channel.send({"type": "challenge", "nonce": nonce})
-        hello = channel.recv()
+    def _admit(self, hello, nonce: str, source: tuple) -> str | None:
+        """Why a new connection's hello is refused (the inbox logs it and closes), or None."""
         with self._admit_lock:
-            refused = self.credentials.check(hello, nonce, source[0], self.expected_sources, len(self.plan.nodes))
-        if refused:
-            console.say(f"refused a connection from {source[0]}:{source[1]}: {refused}; the job goes on")
-            channel.close()
-            return None
-        channel.sock.settimeout(None)
-        return hello
-
-    def _read(self, channel: Channel, source: tuple) -> None:
-        hello = self._admit(channel, source)
-        if hello is None:
-            return
-        node_rank = hello["node_rank"]
-        self.events.put((node_rank, {**hello, "channel": channel}))
-        while True:
-            message = channel.recv()
-            if message is None:
-                self.events.put((node_rank, {"type": "eof"}))
-                return
-            self.events.put((node_rank, message))
+            return self.credentials.check(hello, nonce, source[0], self.expected_sources, len(self.plan.nodes))
 
     def broadcast(self, message: dict) -> None:
         for channel in self.channels.values():
@@ -125,6 +105,7 @@ class Controller:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+            self.inbox.stop()
             self.listener.close()
             if len(self.done) == len(self.plan.nodes):
                 # every agent is done: let srun/pdsh/mpirun notice and end by themselves
@@ -138,27 +119,28 @@ class Controller:
         failure: RankExit | None = None
         lost: str | None = None
         stopping_since: float | None = None
-        deadline = time.monotonic() + STARTUP_TIMEOUT
+        startup = StartupWatch(STARTUP_TIMEOUT, time.monotonic())
         plans_sent = False
         next_heartbeat = 0.0
         while len(self.done) < expected:
             now = time.monotonic()
             if not plans_sent:
-                early = self._startup_problem(started, deadline)
+                startup.update(len(self.channels), now)
+                early, unstarted = self._startup_problem(started, startup, now)
                 if early:
-                    self._startup_failed(early)
+                    self._startup_failed(early, unstarted)
                 if len(self.channels) == expected:
                     if plan.preflight:
                         self._preflight()
                     plan = self._send_plans()
-                    plans_sent = True
+                    plans_sent = self.plans_sent = True
                     for item in started:
                         item.muted = False
             if now >= next_heartbeat:
                 self.broadcast({"type": "heartbeat"})
                 next_heartbeat = now + HEARTBEAT_SECONDS
             if plans_sent and stopping_since is None:
-                lost = lost or self._silent_node(now)
+                lost = lost or self._silent_node(now) or self._dead_agent()
             reason = stop_reason["value"] or (failure and "rank failure") or (lost and "node lost")
             if reason and stopping_since is None:
                 stopping_since = now
@@ -169,16 +151,35 @@ class Controller:
                     break
             if stopping_since is not None and now - stopping_since > self.grace + STOP_TIMEOUT:
                 console.say("some agents did not confirm the stop in time; ending their runner processes")
-                self.lost += [n.node_rank for n in plan.nodes if n.node_rank not in self.done | set(self.lost)]
+                unconfirmed = [n.node_rank for n in plan.nodes if n.node_rank not in self.done | set(self.lost)]
+                self.lost += unconfirmed
+                self.lost_reasons.update({r: "did not confirm the stop" for r in unconfirmed})
                 break
-            try:
-                node_rank, message = self.events.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            failure = self._handle(node_rank, message, failure)
+            # one turn: every waiting event (failure, exit, done) first, then a bounded batch of output
+            for node_rank, message in self._take_events(wait=0.0 if self.relay.pending(self.inbox) else 0.05):
+                failure = self._handle(node_rank, message, failure)
+            if (failure or stop_reason["value"]) and stopping_since is None:
+                continue   # the stop goes out before any more output is printed
+            self.relay.print_some(self.inbox, self.last_heard)
+        self.relay.print_all(self.inbox, self.last_heard)
         for item in started:   # nothing from the runners after the summary buries it
             item.muted = True
-        return self._exit_code(failure, lost, stop_reason["value"])
+        code = self._exit_code(failure, lost, stop_reason["value"])
+        closing = self.relay.summary(self.plan.log_dir)
+        if closing:
+            console.say(closing)
+        return code
+
+    def _take_events(self, wait: float) -> list[tuple[int, dict]]:
+        """Every event waiting now (after up to `wait` s for the first)."""
+        taken = []
+        try:
+            taken.append(self.events.get(timeout=wait) if wait else self.events.get_nowait())
+            while len(taken) < 10_000:
+                taken.append(self.events.get_nowait())
+        except queue.Empty:
+            pass
+        return taken
 
     def _handle(self, node_rank: int, message: dict, failure: RankExit | None) -> RankExit | None:
         kind = message["type"]
@@ -187,20 +188,31 @@ class Controller:
         if kind == "hello":
             self.channels[node_rank] = message["channel"]
             self.hellos[node_rank] = {"hostname": message.get("hostname", host), "pid": message.get("pid")}
-        elif kind == "output":
-            console.print_rank_line(RankOutput(message["rank"], message["stream"], message["line"]))
+        elif kind == "output":   # the inbox sends output apart; this is one that came another way
+            self.relay.show([message])
         elif kind == "exit":
             done = RankExit(message["rank"], message["local_rank"], message["returncode"],
                             tuple(message.get("tail", ())), host)
             self.exits.append(done)
+            self.relay.exited(done, self.stopping)
             if not done.ok and failure is None and not self.stopping:
                 return done
         elif kind == "error":
             console.say(f"node {node_rank} ({host}): {message['message']}")
+            self.reported.add(node_rank)   # it ends on purpose: its EOF is no death
             if failure is None:
                 return RankExit(-1, -1, 1, (message["message"],), host)
+        elif kind == "eof" and self.plans_sent and node_rank not in self.reported | self.done:
+            self.done.add(node_rank)   # the connection closed without "done": the agent died (SIGKILL, OOM)
+            self.lost.append(node_rank)
+            self.lost_reasons[node_rank] = "agent died"
+            self.died.append(node_rank)
         elif kind in ("done", "eof"):
+            if kind == "done":
+                self.relay.add_held(message.get("held", 0))
             self.done.add(node_rank)
+            if kind == "done":
+                self.reported.add(node_rank)
         return failure
 
     def _send_plans(self) -> JobPlan:
@@ -211,7 +223,8 @@ class Controller:
                 raise LaunchError(f"{_names(plan, [0])} did not say which port is free")
             plan = self.plan = with_master_port(plan, int(answer["port"]))
         job = {"master_addr": plan.master_addr, "workdir": plan.workdir, "log_dir": plan.log_dir,
-               "heartbeat_timeout": plan.heartbeat_timeout, "grace": self.grace, "bind_cores": plan.bind_cores}
+               "heartbeat_timeout": plan.heartbeat_timeout, "grace": self.grace, "bind_cores": plan.bind_cores,
+               "output": plan.output}
         for node in plan.nodes:
             self.channels[node.node_rank].send({"type": "plan", "job": job, "node": node_to_json(node)})
         now = time.monotonic()
@@ -249,53 +262,67 @@ class Controller:
         report = check_via_agents(hosts_of(self.plan), request_for(self.plan), self.ask, self.hellos)
         if not report.ok:
             self.broadcast({"type": "stop", "reason": "preflight failed"})
+            if self.drop_unusable:
+                raise NodesUnusable(unusable.from_report(self.plan, report))
             preflight_failed(report)
         console.say(f"preflight ok: {len(report.hosts)} node(s) passed in {report.elapsed_s * 1e3:.0f} ms "
                     f"(versions, workdir, master port, rendezvous)")
 
-    def _startup_failed(self, problem: str) -> None:
+    def _startup_failed(self, problem: str, node_ranks: list[int]) -> None:
         """An agent could not start: with the preflight on, ask ssh itself (paramiko) why."""
         self.broadcast({"type": "stop", "reason": "an agent could not start"})
+        report = None
         if self.plan.preflight and self.plan.launcher != "slurm":
             from launcher.preflight import run_preflight
             from launcher.preflight.via_agents import hosts_of, request_for
             report = run_preflight(hosts_of(self.plan), request_for(self.plan))
-            if not report.ok:
+            if not report.ok and not self.drop_unusable:
                 preflight_failed(report)   # its table says why; the runner's lines would say it again
+        if self.drop_unusable:
+            raise NodesUnusable(unusable.at_startup(self.plan, node_ranks, problem, report))
         raise LaunchError(problem, hint="run 'dslaunch --check' with the same hostfile to see why")
 
-    def _startup_problem(self, started: list[Started], deadline: float) -> str | None:
+    def _startup_problem(self, started: list[Started], startup: StartupWatch,
+                         now: float) -> tuple[str | None, list[int]]:
+        """What keeps the agents from starting, and on which node ranks (None: nothing yet)."""
         for item in started:
             missing = [r for r in item.node_ranks if r not in self.channels]
             failed = _hosts_pdsh_gave_up_on(item, [self.plan.nodes[r] for r in missing])
             if failed:
                 time.sleep(0.2)
                 tail = "\n".join(f"    {line}" for line in item.tail)
-                return f"{item.label} could not start the agent on {', '.join(failed)}:\n{tail}"
+                return f"{item.label} could not start the agent on {_names(self.plan, failed)}:\n{tail}", failed
             if missing and item.popen.poll() is not None:
                 time.sleep(0.2)  # let the output pump drain
                 tail = "\n".join(f"    {line}" for line in item.tail) or "    (no output)"
                 return (f"{item.label} exited with code {item.popen.returncode} before the agent of "
-                        f"{_names(self.plan, missing)} connected:\n{tail}")
-        if time.monotonic() > deadline:
+                        f"{_names(self.plan, missing)} connected:\n{tail}"), missing
+        if startup.stalled(now):
             missing = [n.node_rank for n in self.plan.nodes if n.node_rank not in self.channels]
-            return f"no agent from {_names(self.plan, missing)} after {STARTUP_TIMEOUT:.0f} s"
-        return None
+            return startup.describe(_names(self.plan, missing), len(self.plan.nodes)), missing
+        return None, []
 
     def _silent_node(self, now: float) -> str | None:
         for node in self.plan.nodes:
-            heard = self.last_heard.get(node.node_rank, now)
+            heard = max(self.last_heard.get(node.node_rank, now), self.inbox.heard.get(node.node_rank, 0.0))
             if node.node_rank not in self.done and now - heard > self.plan.heartbeat_timeout:
                 self.done.add(node.node_rank)  # nothing more will come from it: do not wait for it
                 self.lost.append(node.node_rank)
+                self.lost_reasons[node.node_rank] = f"silent for {self.plan.heartbeat_timeout:.0f} s"
                 return f"node {node.node_rank} ({node.host})"
         return None
+
+    def _dead_agent(self) -> str | None:
+        if not self.died:
+            return None
+        node = self.plan.nodes[self.died.pop(0)]
+        return f"node {node.node_rank} ({node.host})"
 
     def _exit_code(self, failure: RankExit | None, lost: str | None, interrupted: str | None) -> int:
         code = self._report(failure, lost, interrupted)
         lost_ranks = tuple(dict.fromkeys(self.lost))
         self.outcome = Outcome(code, failure, lost_ranks, tuple(self.plan.nodes[r].host for r in lost_ranks),
-                               interrupted)
+                               interrupted, tuple(self.lost_reasons.get(r, "lost") for r in lost_ranks))
         return code
 
     def _report(self, failure: RankExit | None, lost: str | None, interrupted: str | None) -> int:
@@ -303,6 +330,10 @@ class Controller:
             every = tuple(self.exits) if len(self.exits) == self.plan.world_size else ()
             console.say(console.failure_summary(failure, exits=every))
             return failure.exit_code if failure.rank >= 0 else 1
+        if lost is not None and self.lost_reasons.get(self.lost[0]) == "agent died":
+            console.say(f"{lost}: its agent died (the connection closed without an exit report); "
+                        f"every other node was stopped (exit code {EXIT_NODE_LOST})")
+            return EXIT_NODE_LOST
         if lost is not None:
             console.say(f"{lost} stopped answering for {self.plan.heartbeat_timeout:.0f} s "
                         f"(network cut or host down); every other node was stopped (exit code {EXIT_NODE_LOST})")
@@ -328,15 +359,15 @@ def _node_addresses(plan: JobPlan) -> dict[int, set[str]]:
     return found
 
 
-def _hosts_pdsh_gave_up_on(item: Started, nodes) -> list[str]:
-    """pdsh goes on with the other hosts when one fails; its 'ssh exited' line tells us."""
+def _hosts_pdsh_gave_up_on(item: Started, nodes) -> list[int]:
+    """pdsh goes on with the other hosts when one fails; its 'ssh exited' line tells us (node ranks)."""
     if not item.label.startswith("pdsh"):
         return []
     failed = []
     for node in nodes:
         pattern = re.compile(rf"(^|\s){re.escape(node.ssh_target)}: ssh exited with exit code \d+")
         if any(pattern.search(line) for line in list(item.tail)):
-            failed.append(f"node {node.node_rank} ({node.host})")
+            failed.append(node.node_rank)
     return failed
 
 

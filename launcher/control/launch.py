@@ -11,9 +11,10 @@ from typing import Callable
 
 from launcher.control.controller import Controller, Started, spawn_runner
 from launcher.control.fanout import FDS_PER_NODE, soft_limit_for
-from launcher.control.outcome import Outcome
+from launcher.control.outcome import NodesUnusable, Outcome
 from launcher.control.restarts import run_with_restarts
 from launcher.control.runners import get_runner
+from launcher.errors import EXIT_PREFLIGHT
 from launcher.planning.plan import JobPlan
 from launcher.planning.restart_plan import RestartPolicy
 from launcher.wire import ControlEndpoint
@@ -29,11 +30,14 @@ def launch(plan: JobPlan, environ: dict[str, str], policy: RestartPolicy = Resta
     """
     def no_replan(_plan: JobPlan, _lost: set[int]) -> JobPlan:
         raise AssertionError("a node was lost but no replan was given")  # pragma: no cover
-    return run_with_restarts(plan, policy, lambda p: launch_try(p, environ), replan or no_replan)
+    return run_with_restarts(plan, policy, lambda p, drop: launch_try(p, environ, drop), replan or no_replan)
 
 
-def launch_try(plan: JobPlan, environ: dict[str, str]) -> Outcome:
-    """One try of the job: every node started, supervised, torn down."""
+def launch_try(plan: JobPlan, environ: dict[str, str], drop_unusable: bool = False) -> Outcome:
+    """One try of the job: every node started, supervised, torn down.
+
+    With `drop_unusable` (a restart that may shrink) nodes whose agent cannot start or whose
+    preflight fails come back as the outcome's `unreachable` instead of ending the job (exit 3)."""
     if plan.launcher == "local":
         from launcher.control.local_job import run_local_try
 
@@ -44,7 +48,7 @@ def launch_try(plan: JobPlan, environ: dict[str, str]) -> Outcome:
 
     per_node = getattr(runner, "PER_NODE", False)
     _ensure_fd_limit(len(plan.nodes), FDS_PER_NODE if per_node else 2)
-    controller = Controller(plan, delivery=runner.SECRET_DELIVERY)
+    controller = Controller(plan, delivery=runner.SECRET_DELIVERY, drop_unusable=drop_unusable)
     credentials = controller.credentials
 
     def start(endpoint: ControlEndpoint) -> list[Started]:
@@ -55,7 +59,10 @@ def launch_try(plan: JobPlan, environ: dict[str, str]) -> Outcome:
                     for node, argv in zip(plan.nodes, commands)]
         return [spawn_runner(runner.LABEL, commands[0], {**env, **credentials.runner_env()},
                              tuple(n.node_rank for n in plan.nodes))]
-    code = controller.run(start)
+    try:
+        code = controller.run(start)
+    except NodesUnusable as unusable:
+        return Outcome(EXIT_PREFLIGHT, unreachable=unusable.troubles)
     return controller.outcome or Outcome(code)
 
 

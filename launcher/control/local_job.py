@@ -8,7 +8,9 @@ import socket
 from launcher import console
 from launcher.control.outcome import Outcome
 from launcher.errors import EXIT_SIGINT
+from launcher.node.process import RankOutput
 from launcher.node.ranks import rank_specs
+from launcher.output_modes import OutputFilter
 from launcher.node.supervisor import Supervisor
 from launcher.planning.plan import JobPlan, with_master_port
 
@@ -25,7 +27,19 @@ def run_local_try(plan: JobPlan, environ: dict[str, str], grace: float = 3.0) ->
     for node in plan.nodes:  # several "nodes" here only when a hostfile names this machine twice
         specs += rank_specs(node.ranks, plan.master_addr, plan.workdir, dict(environ),
                             cores=sorted(os.sched_getaffinity(0)) if plan.bind_cores else ())
-    supervisor = Supervisor(specs, on_output=console.print_rank_line, log_dir=plan.log_dir, grace=grace,
+    relay = OutputFilter(plan.output)
+
+    def on_output(event) -> None:
+        if relay.shows(event.rank):
+            console.print_rank_line(event)
+
+    def on_exit(done) -> None:
+        tail = relay.tail_to_print(done.rank, done.returncode, done.tail)
+        if tail:
+            console.say(f"rank {done.rank} failed; its last {len(tail)} lines (held by --output failures):")
+            for line in tail:
+                console.print_rank_line(RankOutput(done.rank, "stderr", line))
+    supervisor = Supervisor(specs, on_output=on_output, on_exit=on_exit, log_dir=plan.log_dir, grace=grace,
                             host=plan.nodes[0].host)
     handlers = _install_signal_handlers(supervisor)
     try:
@@ -34,7 +48,11 @@ def run_local_try(plan: JobPlan, environ: dict[str, str], grace: float = 3.0) ->
     finally:
         for signum, previous in handlers.items():
             signal.signal(signum, previous)
-    return Outcome(finish(result), result.first_failure, interrupted=result.stopped_by)
+    code = finish(result)
+    closing = relay.summary(plan.log_dir)
+    if closing:
+        console.say(closing)
+    return Outcome(code, result.first_failure, interrupted=result.stopped_by)
 
 
 def finish(result) -> int:

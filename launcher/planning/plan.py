@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from launcher.errors import FilterError, UsageError
+from launcher.output_modes import MODES as OUTPUT_MODES
 from launcher.planning import envpolicy
 from launcher.planning.filters import apply_counts, apply_include_exclude
 from launcher.planning.hostfile import Host
@@ -50,6 +51,8 @@ class LaunchOptions:
     force_multi: bool = False       # DeepSpeed's: start agents (ssh/pdsh) even for this machine alone
     max_restarts: int = 0           # whole-job restarts after a failure (control/restarts.py)
     min_nodes: int | None = None    # with restarts: drop a lost node while this many remain
+    output: str = "all"             # which rank lines the console shows (launcher/output_modes.py)
+    standby_hosts: str | None = None  # with restarts: a hostfile of spares for lost nodes
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,7 @@ class JobPlan:
     notes: tuple[str, ...] = ()
     preflight: bool = False  # agents check their nodes before any rank starts (multi-node)
     bind_cores: bool = False  # --bind_cores_to_rank: the agents split their node's cores by local rank
+    output: str = "all"       # --output: all, rank0, failures, none (launcher/output_modes.py)
 
 
 def build_plan(hosts: list[Host] | None, options: LaunchOptions, machine: Machine) -> JobPlan:
@@ -150,7 +154,7 @@ def build_plan(hosts: list[Host] | None, options: LaunchOptions, machine: Machin
                    log_dir=options.log_dir, heartbeat_timeout=options.heartbeat_timeout,
                    env_files=machine.env_files_used, notes=tuple(notes),
                    preflight=launcher != "local" and not options.no_preflight,
-                   bind_cores=options.bind_cores_to_rank)
+                   bind_cores=options.bind_cores_to_rank, output=options.output)
 
 
 def _check_options(options: LaunchOptions) -> None:
@@ -169,6 +173,8 @@ def _check_options(options: LaunchOptions) -> None:
         raise UsageError(f"--master_port {options.master_port} is not a port", hint="use 1-65535, or 0 for a free one")
     if options.heartbeat_timeout <= 0:
         raise UsageError("--heartbeat_timeout must be > 0")
+    if options.output not in OUTPUT_MODES:
+        raise UsageError(f"unknown --output mode '{options.output}'", hint="choose one of: " + ", ".join(OUTPUT_MODES))
 
 
 def _local_hosts(options: LaunchOptions, machine: Machine) -> tuple[list[Host], list[str]]:

@@ -33,6 +33,8 @@ def plan_to_json(plan: JobPlan, commands: list[list[str]]) -> dict:
         "notes": list(plan.notes),
         "nodes": [node_to_json(node, cmd) for node, cmd in zip(plan.nodes, commands)],
         "bind_cores_to_rank": plan.bind_cores,
+        "output": plan.output,
+        "log_dir": plan.log_dir,
     }
 
 
@@ -59,6 +61,8 @@ def describe_plan(plan: JobPlan, commands: list[list[str]]) -> str:
     lines += [f"  {k}={v}" for k, v in first.items()]
     lines.append("set on each node unless already set: GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME "
                  "(the interface toward MASTER_ADDR), OMP_NUM_THREADS (cores / local ranks)")
+    lines.append(f"output: {plan.output} (rank lines on this console); "
+                 + (f"full logs: {plan.log_dir}/rank_<R>.log on each node" if plan.log_dir else "no --log_dir"))
     if plan.bind_cores:
         lines.append("--bind_cores_to_rank: each rank is bound to an even share of its node's cores, in "
                      "local-rank order; OMP_NUM_THREADS is that share")

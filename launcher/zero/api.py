@@ -9,11 +9,12 @@ import os
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from launcher.zero import failure
 from launcher.zero.config import load_config
 from launcher.zero.dist import DistContext, context_from_group, init_distributed
-from launcher.zero.engine import EngineParts, ZeroEngine
+from launcher.zero.engine import EngineParts, TensorParallelInfo, ZeroEngine
 from launcher.zero.errors import ConfigError
 from launcher.zero.loss_scaler import LossScaler, rules_from_config
 from launcher.zero.monitor import Monitor, ready_line
@@ -51,6 +52,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     precision = precision_policy(cfg)
     model.to(device=dist_context.device, dtype=precision.param_dtype)
 
+    tensor_info = _tensor_parallel_info(mpu, model) if mpu is not None else None   # before stage 3 partitions
     params = list(model_parameters) if model_parameters is not None else list(model.parameters())
     param_count = sum(p.numel() for p in model.parameters())   # before stage 3 partitions them
     optimizer = _build_optimizer(optimizer, params, cfg, dist_context)
@@ -72,7 +74,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
                                     dist=dist_context, precision=precision, strategy=strategy,
                                     loss_scaler=scaler, monitor=monitor, dataloader=dataloader))
     if mpu is not None:
-        engine.tensor_parallel_size = mpu.get_model_parallel_world_size()
+        engine.tensor_parallel = tensor_info
     _say_ready(engine, monitor, param_count)
     return engine, optimizer, dataloader, scheduler
 
@@ -109,6 +111,15 @@ def _say_ready(engine: ZeroEngine, monitor: Monitor, param_count: int) -> None:
 def _rank_of(environ: dict[str, str]) -> int:
     value = environ.get("RANK", "0")
     return int(value) if value.isdigit() else 0
+
+
+def _tensor_parallel_info(mpu, model) -> TensorParallelInfo:
+    size, group = mpu.get_model_parallel_world_size(), mpu.get_model_parallel_group()
+    rank = mpu.get_model_parallel_rank() if callable(getattr(mpu, "get_model_parallel_rank", None)) \
+        else (dist.get_rank(group=group) if size > 1 else 0)
+    dims = tuple((name, int(param.partition_dim)) for name, param in model.named_parameters()
+                 if getattr(param, "tensor_model_parallel", False))
+    return TensorParallelInfo(rank=rank, size=size, partition_dims=dims)
 
 
 def _data_parallel_context(mpu, world: DistContext) -> DistContext:

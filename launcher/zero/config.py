@@ -209,6 +209,12 @@ def _check_semantics(config: ZeroConfig) -> None:
             raise ConfigError("zero_optimization.offload_optimizer.device 'nvme' needs stage 3", hint="use device 'cpu'")
         if zero.offload_optimizer.ratio < 1.0 and stage != 3:
             raise ConfigError("zero_optimization.offload_optimizer.ratio below 1 needs stage 3", hint="remove ratio")
+        if zero.offload_optimizer.overlap_step and zero.offload_optimizer.device != "cpu":
+            raise ConfigError("zero_optimization.offload_optimizer.overlap_step needs device 'cpu'",
+                              hint="set offload_optimizer.device to 'cpu' or remove overlap_step")
+    if zero.offload_param is not None and zero.offload_param.overlap_step:
+        raise ConfigError("zero_optimization.offload_param.overlap_step: the key belongs to offload_optimizer",
+                          hint='"offload_optimizer": {"device": "cpu", "overlap_step": true}')
     for section in ("offload_optimizer", "offload_param"):
         off = getattr(zero, section)
         if off is not None and off.device == "nvme" and not off.nvme_path:

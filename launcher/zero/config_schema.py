@@ -64,6 +64,8 @@ class OffloadConfig:
     pipeline_read: bool = spec(False, "bool", "overlap NVMe reads")
     pipeline_write: bool = spec(False, "bool", "overlap NVMe writes")
     fast_init: bool = spec(False, "bool", "fast NVMe initialisation")
+    overlap_step: bool = spec(False, "bool", "ours, offload_optimizer only: the CPU step runs in the background "
+                              "after step() returns; the next forward waits per module for its updated weights")
 
     @property
     def active(self) -> bool:

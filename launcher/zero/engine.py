@@ -27,6 +27,15 @@ from launcher.zero.precision import PrecisionPolicy
 from launcher.zero.stages.base import ZeroStrategy
 
 
+@dataclass(frozen=True)
+class TensorParallelInfo:
+    """This rank's place on the tensor axis (``zero.initialize(mpu=)``), and how its shards split."""
+
+    rank: int = 0
+    size: int = 1
+    partition_dims: tuple = ()        # (parameter name, dim) for every tensor-parallel shard
+
+
 @dataclass
 class EngineParts:
     """What zero.initialize assembled for the engine."""
@@ -85,13 +94,22 @@ class ZeroEngine(EngineAccessors):
         return self.train(False)
 
     def parameters(self, recurse: bool = True):
+        self.wait_for_step()
         return self.module.parameters(recurse)
 
     def named_parameters(self, *args, **kwargs):
+        self.wait_for_step()
         return self.module.named_parameters(*args, **kwargs)
 
     def state_dict(self, *args, **kwargs):
+        self.wait_for_step()
         return self.strategy.module_state_dict()
+
+    def wait_for_step(self) -> None:
+        """With ``offload_optimizer.overlap_step``: block until the last step's background update is
+        done and re-raise its error. The engine's own methods call it; call it before reading
+        ``engine.module``'s parameters directly after ``step()``. A no-op otherwise."""
+        self.strategy.wait_for_step()
 
     # ---- the step -------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
@@ -175,9 +193,11 @@ class ZeroEngine(EngineAccessors):
             raise type(error)(f"{error}\n[zero] {note}") from error
 
     def _take_model_step(self, lr_kwargs: dict | None) -> None:
+        self.strategy.wait_for_step()   # the previous step's background update (overlap_step)
         self.strategy.prepare_master_grads()
         stats = self.strategy.grad_norm_and_overflow()
         scale = self.get_loss_scale()
+        in_background = False   # overlap_step: the strategy runs the update (and its zero_grad) itself
         if stats.overflow and (self.precision.param_dtype != torch.bfloat16 or self.config.bf16.check_grad_overflow):
             self._skip_step(scale)
         else:
@@ -186,15 +206,18 @@ class ZeroEngine(EngineAccessors):
             # DeepSpeed fuses unscaling and clipping: grads /= scale * max(1, (norm + 1e-6) / clip)
             combined = scale * max(1.0, (norm + 1e-6) / clip) if clip > 0 else scale
             self.strategy.scale_master_grads(1.0 / combined)
-            self.optimizer.step()
-            self.strategy.after_optimizer_step()
+            in_background = self.strategy.step_in_background(self.optimizer)
+            if not in_background:
+                self.optimizer.step()
+                self.strategy.after_optimizer_step()
             if self.loss_scaler is not None:
                 self.loss_scaler.update(False)
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step(**(lr_kwargs or {}))
             self._global_grad_norm = norm
             self._step_applied = True
-        self.strategy.zero_grad()
+        if not in_background:
+            self.strategy.zero_grad()
         self.global_steps += 1
         self.global_samples += self.train_batch_size()
 
@@ -244,8 +267,7 @@ class ZeroEngine(EngineAccessors):
         """Collective: every rank writes its shard; returns once the checkpoint is complete."""
         from launcher.zero.checkpoint.save_load import save_checkpoint
 
-        self._refuse_tensor_parallel_checkpoint()
-
+        self.wait_for_step()
         return save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {}, save_latest=save_latest)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True, load_optimizer_states: bool = True,
@@ -253,25 +275,22 @@ class ZeroEngine(EngineAccessors):
         """Restore a checkpoint (any world size); returns (path, client_state) or (None, None)."""
         from launcher.zero.checkpoint.save_load import load_checkpoint
 
-        self._refuse_tensor_parallel_checkpoint()
-
+        self.wait_for_step()
         return load_checkpoint(self, load_dir, tag=tag, load_module_strict=load_module_strict,
                                load_optimizer_states=load_optimizer_states,
                                load_lr_scheduler_states=load_lr_scheduler_states, load_module_only=load_module_only)
 
-    #: set by zero.initialize(mpu=...): tensor ranks of one data rank would write the same shard files
-    tensor_parallel_size = 1
+    #: set by zero.initialize(mpu=...): checkpoint files carry the tensor rank, metadata the partition dims
+    tensor_parallel = TensorParallelInfo()
 
-    def _refuse_tensor_parallel_checkpoint(self) -> None:
-        if self.tensor_parallel_size > 1:
-            from launcher.zero.errors import NotSupportedError
-            raise NotSupportedError("checkpoints of a tensor-parallel model through mpu= are not supported yet",
-                                    hint="wrap the model as a one-stage PipelineModule(topology=grid): its "
-                                         "checkpoints keep one file per tensor rank")
+    @property
+    def tensor_parallel_size(self) -> int:
+        return self.tensor_parallel.size
 
     def module_state_dict(self, destination=None, prefix: str = "", keep_vars: bool = False,
                           exclude_frozen_parameters: bool = False) -> dict:
         """The whole module's state dict on every rank (gathered at stage 3)."""
+        self.wait_for_step()
         state = self.strategy.module_state_dict()
         if exclude_frozen_parameters:
             frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
@@ -280,10 +299,12 @@ class ZeroEngine(EngineAccessors):
 
     def zero_grad(self) -> None:
         """Drop the gradients accumulated so far (model and master)."""
+        self.wait_for_step()
         self.strategy.zero_grad()
 
     def empty_partition_cache(self) -> None:
         """Stage 3: free the parameters still gathered (after an eval loop, say); no-op below."""
+        self.wait_for_step()
         release = getattr(self.strategy, "release_gathered", None)
         if release is not None:
             release()
@@ -308,10 +329,12 @@ class ZeroEngine(EngineAccessors):
 
     def destroy(self) -> None:
         """Remove the engine's hooks from the module; the engine must not be used afterwards."""
+        self.wait_for_step()
         self.strategy.destroy()
 
     def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin", exclude_frozen_parameters: bool = False) -> bool:
         """The module's state dict in its training dtype, written by rank 0."""
+        self.wait_for_step()
         gather = getattr(self.strategy, "gathered_16bit_state_dict", None)
         state = gather() if gather is not None else self.strategy.module_state_dict()
         if state is None:  # stage 3 without stage3_gather_16bit_weights_on_model_save, as DeepSpeed

@@ -78,10 +78,10 @@ WORKER = os.path.join(ROOT, "tests", "dist", "workers", "elastic_worker.py")
 LAST = 7
 
 
-def train(hostfile, folder, *flags, cut=None, cluster=None):
+def train(hostfile, folder, *flags, cut=None, cluster=None, at_step_3=None):
     """The elastic worker on the cluster (12 samples a step, a checkpoint every 2 steps); with `cut`,
-    node `cut`'s link is cut after step 3 of the first try. Returns (rank-0 lines, stderr, seconds
-    from the cut to the first step on the survivors)."""
+    node `cut`'s link is cut after step 3 of the first try (or `at_step_3()` is called then). Returns
+    (rank-0 lines, stderr, seconds from the cut to the first step on the survivors)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "launcher", "-H", str(hostfile), "--launcher", "ssh",
                              "--heartbeat_timeout", "3", "--no_local_rank", "--env", "ELASTIC_TBS=12",
@@ -94,8 +94,8 @@ def train(hostfile, folder, *flags, cut=None, cluster=None):
             everything.append(line)
             if line.startswith("[rank 0] "):
                 lines.append(line[9:].rstrip("\n"))
-            if cut is not None and cut_at is None and line.startswith("[rank 0] STEP 3 TRY 0"):
-                cluster.cut(cut)
+            if (cut or at_step_3) is not None and cut_at is None and line.startswith("[rank 0] STEP 3 TRY 0"):
+                cluster.cut(cut) if at_step_3 is None else at_step_3()
                 cut_at = time.monotonic()
             if cut_at is not None and first_after is None and " TRY 1 " in line and "STEP" in line:
                 first_after = time.monotonic() - cut_at
@@ -160,3 +160,117 @@ def test_sigint_during_the_restarts_exits_130_and_leaves_nothing_on_any_node(clu
     time.sleep(1.0)
     left = [p.pid for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
     assert left == []   # the namespaces share this pid space: no rank or agent of this job anywhere
+
+
+def _start_first_try_sleeps(hostfile, *flags, launcher="ssh"):
+    """The 3-node first-try-sleeps job; returns (proc, lines seen, pid of rank 4 on node3)."""
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "-H", str(hostfile), "--launcher", launcher,
+                             "--heartbeat_timeout", "3", *flags, RANKS, "first-try-sleeps"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    seen, rank4 = [], None
+    while len([line for line in seen if "TRY 0" in line]) < 6 or rank4 is None:
+        seen.append(proc.stdout.readline())
+        assert seen[-1], "the first try did not start 6 ranks"
+        found = re.search(r"\[rank 4\] pid (\d+) rank 4", seen[-1])
+        rank4 = int(found.group(1)) if found else rank4
+    return proc, seen, rank4
+
+
+def _second_try(proc, seen):
+    out, err = proc.communicate(timeout=120)
+    seen += out.splitlines()
+    return [line for line in seen if "TRY 1" in line], err
+
+
+def test_a_node_whose_agent_is_killed_is_dropped_and_the_job_finishes_on_the_two_left(cluster_hostfile):
+    import psutil
+    proc, seen, rank4 = _start_first_try_sleeps(cluster_hostfile(3), "--max_restarts", "1", "--min_nodes", "2")
+    agent = psutil.Process(rank4).parent()   # the namespaces share this pid space
+    assert "launcher.agent" in " ".join(agent.cmdline())
+    agent.kill()
+    second, err = _second_try(proc, seen)
+    assert proc.returncode == 0, err
+    assert len(second) == 4 and {re.search(r"NODE (\d+)", line).group(1) for line in second} == {"0", "1"}
+    assert {re.search(r"WORLD (\d+)", line).group(1) for line in second} == {"4"}
+    restart = [line for line in err.splitlines() if "restart 1/1:" in line]
+    assert len(restart) == 1 and "node 2 (node3) lost (agent died)" in restart[0], err
+    assert "1 of 1 restart(s) used; node(s) lost: node3 (agent died, try 0)" in err
+
+
+@pytest.mark.parametrize("launcher", ["ssh", "pdsh"])
+def test_a_node_whose_sshd_is_gone_is_dropped_at_the_restart_without_using_one(cluster_hostfile, healthy_cluster,
+                                                                                launcher):
+    proc, seen, rank4 = _start_first_try_sleeps(cluster_hostfile(3), "--max_restarts", "1", "--min_nodes", "2",
+                                                launcher=launcher)
+    try:
+        healthy_cluster.stop(3)            # its running session stays; no new ssh gets in
+        os.kill(rank4, signal.SIGKILL)     # the first try fails on node3; the restart cannot reach it
+        second, err = _second_try(proc, seen)
+    finally:
+        healthy_cluster.start(3)
+    assert proc.returncode == 0, err
+    assert len(second) == 4 and {re.search(r"NODE (\d+)", line).group(1) for line in second} == {"0", "1"}
+    restart = [line for line in err.splitlines() if "restart 1/1:" in line]
+    assert len(restart) == 1 and "rank 4 on node3" in restart[0], err
+    unreachable = [line for line in err.splitlines() if "unreachable at restart: node3 (" in line]
+    assert len(unreachable) == 1 and unreachable[0].endswith("(no restart used)"), err
+    assert "2 remaining node(s), world size 4" in unreachable[0]
+    assert "1 of 1 restart(s) used; node(s) lost: node3 (unreachable, " in err
+
+
+def test_a_standby_host_takes_the_place_of_node_3_whose_agent_died(cluster_hostfile, healthy_cluster, tmp_path):
+    import psutil
+    if healthy_cluster.nodes < 4:   # the session's cluster has 3: make the spare (node1..3 are made anew)
+        healthy_cluster.script("up", "4")
+    spares = tmp_path / "spares"
+    spares.write_text("node4 slots=2\n")
+    proc, seen, rank4 = _start_first_try_sleeps(cluster_hostfile(3), "--max_restarts", "1",
+                                                "--standby_hosts", str(spares))
+    psutil.Process(rank4).parent().kill()
+    second, err = _second_try(proc, seen)
+    assert proc.returncode == 0, err
+    assert len(second) == 6 and {re.search(r"WORLD (\d+)", line).group(1) for line in second} == {"6"}
+    assert {re.search(r"NODE (\d+)", line).group(1) for line in second} == {"0", "1", "2"}
+    restart = [line for line in err.splitlines() if "restart 1/1:" in line]
+    assert len(restart) == 1 and "node 2 (node3) lost (agent died)" in restart[0], err
+    assert "restarting on 3 node(s) with standby node4, world size 6" in restart[0]
+    assert err.count("preflight ok: 3 node(s)") == 2, err   # the checks ran again, the spare's included
+
+
+def test_a_training_job_whose_node_3_agent_dies_finishes_on_two_with_the_reference_weights(cluster_hostfile,
+                                                                                          tmp_path):
+    import json
+    import psutil
+    marker = f"DSL_TEST_JOB={time.time()}"
+
+    def kill_node3_agent():
+        rank4 = next(p for p in psutil.process_iter() if _environ_has(p, marker, "RANK=4"))
+        agent = rank4.parent()
+        assert "launcher.agent" in " ".join(agent.cmdline())
+        agent.kill()
+    cut, err, to_first_step = train(cluster_hostfile(3), tmp_path / "killed", "--max_restarts", "1",
+                                    "--min_nodes", "2", "--env", marker, at_step_3=kill_node3_agent)
+    assert "restart 1/1: node 2 (node3) lost (agent died)" in err and "world size 4" in err, err
+    assert "node(s) lost: node3 (agent died, try 0)" in err
+    second_try = steps_of(cut, 1)
+    assert second_try[-1] == LAST and second_try == list(range(second_try[0], LAST + 1))
+    resumed_from = second_try[0] - 1
+    result = json.loads(next(line for line in reversed(cut) if line.startswith("RESULT "))[7:])
+    assert [s["gas"] for s in result["steps"]] == [3] * len(second_try)
+    sys.path.insert(0, os.path.join(ROOT, "tests", "dist"))
+    from test_elastic_resume import close, reference
+    from launcher.zero.data import GlobalBatchSampler
+    order = list(GlobalBatchSampler(96, 1, 0, 12, 1))
+    batches = [{"ids": sorted(order[12 * s:12 * s + 12])} for s in range(LAST)]
+    assert [s["ids"] for s in result["steps"]] == [b["ids"] for b in batches[resumed_from:]]
+    assert close(result["weights"], reference(batches)[1])
+    print(f"node 3's agent killed after step 3: first step on the 2 survivors {to_first_step:.1f} s later; "
+          f"steps repeated: {max(steps_of(cut, 0)) - resumed_from} (resumed from step {resumed_from})")
+
+
+def _environ_has(process, *entries):
+    try:
+        text = open(f"/proc/{process.pid}/environ", "rb").read().decode("utf-8", "replace").split("\0")
+    except OSError:
+        return False
+    return all(entry in text for entry in entries)

@@ -3,7 +3,8 @@
 Two steps on pipe 2 x data 2 (gradient accumulation 2), save; then a job of half the ranks (data 1,
 accumulation 4) loads it and runs steps 3-4: every weight, loss and clip norm must equal the
 single-process run of 4 steps. ``dslaunch-zero-to-fp32``'s state dict at step 2 must equal the
-reference's weights (tensor shards joined). Also in 3D: pipe 2 x tensor 2 x data 2 -> data 1.
+reference's weights (tensor shards joined). Also in 3D: pipe 2 x tensor 2 x data 2 -> data 1, and at
+ZeRO stage 1 (each data rank's slice of the optimizer state gathered at save, re-sliced at load).
 """
 from pathlib import Path
 
@@ -18,7 +19,7 @@ def _records(results):
     return [result.records()[0] for result in check(results)]
 
 
-@pytest.mark.parametrize("model, tensor, world", [("tied", 1, 4), ("tp", 2, 8)])
+@pytest.mark.parametrize("model, tensor, world", [("tied", 1, 4), ("tp", 2, 8), ("tied+zero1", 1, 4)])
 def test_save_on_data_2_resume_on_data_1(tmp_path, model, tensor, world):
     folder = str(tmp_path / "ckpt")
     saved = _records(run_world(WORKER, world, "2", "1f1b", model, "2", "uniform", str(tensor), "save", folder,

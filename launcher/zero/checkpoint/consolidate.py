@@ -34,8 +34,22 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None, exclude_f
         from launcher.zero.pipe.checkpoint import consolidate
 
         return OrderedDict(consolidate(path, metadata))
-    module_state = fmt.load_file(os.path.join(path, fmt.MODEL_STATES))["module"]
-    trainable = fmt.full_fp32_params(path, metadata)
+    tensor = metadata.get("tensor_parallel")
+    if tensor:       # zero.initialize(mpu=): each tensor rank's state dict, its shards joined on their dims
+        shards = [_state_dict(path, fmt.read_metadata(path, fmt.metadata_name(m)), fmt.tensor_prefix(m, tensor["size"]),
+                              exclude_frozen_parameters) for m in range(tensor["size"])]
+        dims = tensor["partition_dims"]
+        return OrderedDict((key, torch.cat([shard[key] for shard in shards], dim=dims[key]) if key in dims else value)
+                           for key, value in shards[0].items())
+    return _state_dict(path, metadata, "", exclude_frozen_parameters)
+
+
+def _state_dict(path: str, metadata: dict, prefix: str, exclude_frozen_parameters: bool) -> OrderedDict:
+    """One (tensor rank's) plain ZeRO checkpoint as a state dict: trainable parameters rebuilt in fp32."""
+    import torch
+
+    module_state = fmt.load_file(os.path.join(path, prefix + fmt.MODEL_STATES))["module"]
+    trainable = fmt.full_fp32_params(path, metadata, prefix)
     shared = metadata.get("shared_params", {})
     frozen = set(metadata.get("frozen_params", []))
     state = OrderedDict()

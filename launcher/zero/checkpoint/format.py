@@ -4,9 +4,15 @@
       latest                    the newest complete tag (written last, by rename)
       <tag>/
         metadata.json           world size, stage, dtypes, parameters, and which rank holds which
-                                fragments (name, param_start, numel)
+                                fragments (name, param_start, numel); with tensor parallelism also
+                                the tensor size and each sharded parameter's partition dim
         model_states.pt         rank 0: module state dict, scheduler, loss scaler, counters, client state
         rank_<r>_shard.pt       rank r: its fragments (fp32 master values and optimizer-state slices), RNG
+
+With tensor parallelism (``zero.initialize(mpu=)``) each tensor rank's files carry its prefix
+(``model_01-rank_0_shard.pt``, ``model_01-model_states.pt``, ``model_01-metadata.json``; tensor
+rank 0's metadata is ``metadata.json`` itself, the tag's marker); the data ranks of one tensor rank
+form a plain checkpoint among themselves, so the data size may change at load.
 
 A fragment is a contiguous slice of one flattened parameter; since every rank saves fragments
 rather than its flat partition, a checkpoint loads at any world size and any stage.
@@ -25,8 +31,13 @@ MODEL_STATES = "model_states.pt"
 LATEST = "latest"
 
 
-def shard_name(rank: int) -> str:
-    return f"rank_{rank}_shard.pt"
+def shard_name(rank: int, prefix: str = "") -> str:
+    return f"{prefix}rank_{rank}_shard.pt"
+
+
+def tensor_prefix(model_rank: int, tensor_size: int) -> str:
+    """The file-name prefix of one tensor rank's files; none without tensor parallelism (the plain layout)."""
+    return f"model_{model_rank:02d}-" if tensor_size > 1 else ""
 
 
 def resolve_tag(checkpoint_dir: str, tag: str | None) -> str | None:
@@ -53,12 +64,17 @@ def tag_dir(checkpoint_dir: str, tag: str) -> str:
     return path
 
 
-def read_metadata(path: str) -> dict[str, Any]:
+def metadata_name(model_rank: int = 0) -> str:
+    """Tensor rank 0's metadata is the tag's ``metadata.json`` (what marks a complete checkpoint)."""
+    return METADATA if model_rank == 0 else f"model_{model_rank:02d}-{METADATA}"
+
+
+def read_metadata(path: str, name: str = METADATA) -> dict[str, Any]:
     try:
-        with open(os.path.join(path, METADATA), encoding="utf-8") as handle:
+        with open(os.path.join(path, name), encoding="utf-8") as handle:
             metadata = json.load(handle)
     except (OSError, ValueError) as error:
-        raise CheckpointError(f"{path}/{METADATA}: unreadable ({error})", hint="the checkpoint is damaged") from None
+        raise CheckpointError(f"{path}/{name}: unreadable ({error})", hint="the checkpoint is damaged") from None
     if metadata.get("format") != FORMAT_VERSION:
         raise CheckpointError(f"{path}: checkpoint format {metadata.get('format')!r} is not {FORMAT_VERSION}",
                               hint="this checkpoint was written by another version or tool")
@@ -96,13 +112,13 @@ def copy_overlap(target, target_start: int, source, source_start: int) -> None:
         target[low - target_start:high - target_start].copy_(source[low - source_start:high - source_start])
 
 
-def full_fp32_params(path: str, metadata: dict) -> dict:
-    """Every trainable parameter rebuilt whole in fp32 from all shards (consolidation)."""
+def full_fp32_params(path: str, metadata: dict, prefix: str = "") -> dict:
+    """Every trainable parameter rebuilt whole in fp32 from all shards (consolidation), of one tensor rank."""
     import torch
 
     full = {p["name"]: torch.zeros(p["numel"], dtype=torch.float32) for p in metadata["params"]}
     for rank in range(metadata["world_size"]):
-        shard = load_file(os.path.join(path, shard_name(rank)))
+        shard = load_file(os.path.join(path, shard_name(rank, prefix)))
         for fragment in shard["fragments"]:
             target = full[fragment["name"]]
             copy_overlap(target, 0, fragment["fp32"].float(), fragment["param_start"])

@@ -27,24 +27,27 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None =
     save_dir = os.fspath(save_dir)
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
     _check_tag(engine, tag)
-    rank = engine.dist.rank
+    rank, tensor = engine.dist.rank, engine.tensor_parallel
+    prefix = fmt.tensor_prefix(tensor.rank, tensor.size)
+    lead = rank == 0 and tensor.rank == 0      # one rank of the whole job makes and publishes the folder
     partial = os.path.join(save_dir, f".{tag}.partial")
-    if rank == 0:
+    if lead:
         shutil.rmtree(partial, ignore_errors=True)
         os.makedirs(partial)
-    _barrier(engine)
+    _job_barrier(engine)
     fragments = engine.strategy.fragments()
-    torch.save(_shard(engine, fragments), os.path.join(partial, fmt.shard_name(rank)))
+    torch.save(_shard(engine, fragments), os.path.join(partial, fmt.shard_name(rank, prefix)))
     listings = _all_gather_object(engine, [[f.name, f.param_start, f.numel] for f in fragments])
     module_state = engine.strategy.module_state_dict()  # collective at stage 3
-    if rank == 0:
-        torch.save(_model_states(engine, module_state, client_state or {}), os.path.join(partial, fmt.MODEL_STATES))
-        with open(os.path.join(partial, fmt.METADATA), "w", encoding="utf-8") as handle:
+    if rank == 0:       # data rank 0 of each tensor rank
+        torch.save(_model_states(engine, module_state, client_state or {}),
+                   os.path.join(partial, prefix + fmt.MODEL_STATES))
+        with open(os.path.join(partial, fmt.metadata_name(tensor.rank)), "w", encoding="utf-8") as handle:
             json.dump(_metadata(engine, listings), handle, indent=1)
-    _barrier(engine)
-    if rank == 0:
+    _job_barrier(engine)
+    if lead:
         _publish(save_dir, partial, tag, save_latest)
-    _barrier(engine)
+    _job_barrier(engine)
     return True
 
 
@@ -91,9 +94,14 @@ def _metadata(engine, listings) -> dict:
             params.append({"name": name, "shape": list(_full_shape(engine, name, param)), "numel": _numel(engine, name, param)})
         else:
             frozen.append(name)
-    return {"format": fmt.FORMAT_VERSION, "world_size": engine.dist.world_size, "stage": engine.config.zero_stage,
-            "param_dtype": str(engine.precision.param_dtype), "global_steps": engine.global_steps,
-            "params": params, "shared_params": shared, "frozen_params": frozen, "ranks": listings}
+    metadata = {"format": fmt.FORMAT_VERSION, "world_size": engine.dist.world_size, "stage": engine.config.zero_stage,
+                "param_dtype": str(engine.precision.param_dtype), "global_steps": engine.global_steps,
+                "params": params, "shared_params": shared, "frozen_params": frozen, "ranks": listings}
+    tensor = engine.tensor_parallel
+    if tensor.size > 1:
+        metadata["tensor_parallel"] = {"size": tensor.size, "rank": tensor.rank,
+                                       "partition_dims": dict(tensor.partition_dims)}
+    return metadata
 
 
 def _full_shape(engine, name, param):
@@ -134,8 +142,11 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
         engine.monitor.warn(f"no 'latest' file in {load_dir}: nothing loaded (pass tag= to pick one)")
         return None, None
     path = fmt.tag_dir(load_dir, tag)
-    metadata = fmt.read_metadata(path)
-    states = fmt.load_file(os.path.join(path, fmt.MODEL_STATES))
+    tensor = engine.tensor_parallel
+    _check_tensor_size(path, fmt.read_metadata(path), tensor.size)
+    prefix = fmt.tensor_prefix(tensor.rank, tensor.size)
+    metadata = fmt.read_metadata(path, fmt.metadata_name(tensor.rank))
+    states = fmt.load_file(os.path.join(path, prefix + fmt.MODEL_STATES))
     _check_params(engine, metadata, load_module_strict)
     engine.strategy.load_module_state_dict(states["module"], strict=load_module_strict)
     fragments = engine.strategy.fragments()
@@ -143,13 +154,22 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
     for f in fragments:
         wanted.setdefault(f.name, []).append((f.param_start, f.param_start + f.numel))
     ranks = fmt.ranks_overlapping(metadata, wanted)
-    shards = {r: fmt.load_file(os.path.join(path, fmt.shard_name(r))) for r in ranks}
+    shards = {r: fmt.load_file(os.path.join(path, fmt.shard_name(r, prefix))) for r in ranks}
     with_optimizer = load_optimizer_states and not load_module_only
     _restore_fragments(engine, fragments, shards, with_optimizer)
     engine.strategy.sync_params_from_master()
     if not load_module_only:
-        _restore_training_state(engine, path, states, metadata, shards, load_optimizer_states, load_lr_scheduler_states)
+        _restore_training_state(engine, path, states, metadata, shards, load_optimizer_states, load_lr_scheduler_states,
+                                prefix)
     return path, states.get("client_state", {})
+
+
+def _check_tensor_size(path: str, metadata: dict, size: int) -> None:
+    saved = (metadata.get("tensor_parallel") or {}).get("size", 1)
+    if saved != size:
+        raise CheckpointError(f"{path}: saved with tensor-parallel size {saved}, running with {size}",
+                              hint="dslaunch-zero-to-fp32 gives the full state dict; split it for the new size "
+                                   "(apply_tensor_parallel) and load it into the model")
 
 
 def _check_params(engine, metadata, strict: bool) -> None:
@@ -203,7 +223,7 @@ def _restore_fragments(engine, fragments, shards, with_optimizer: bool) -> None:
 
 
 def _restore_training_state(engine, path, states, metadata, shards, load_optimizer_states,
-                            load_lr_scheduler_states) -> None:
+                            load_lr_scheduler_states, prefix: str = "") -> None:
     if load_optimizer_states and len(states["param_groups"]) == len(engine.optimizer.param_groups):
         for group, saved in zip(engine.optimizer.param_groups, states["param_groups"]):
             group.update(saved)
@@ -221,7 +241,7 @@ def _restore_training_state(engine, path, states, metadata, shards, load_optimiz
     if hasattr(sampler, "resume"):  # the engine's own loader continues at the next unseen sample
         sampler.resume(engine.global_samples)
     if metadata["world_size"] == engine.dist.world_size:  # RNG streams are per rank
-        own = shards.get(engine.dist.rank) or fmt.load_file(os.path.join(path, fmt.shard_name(engine.dist.rank)))
+        own = shards.get(engine.dist.rank) or fmt.load_file(os.path.join(path, fmt.shard_name(engine.dist.rank, prefix)))
         _set_rng_state(own["rng"])
         restore = getattr(engine.optimizer, "load_extra_state_dict", None)
         if load_optimizer_states and restore is not None and own.get("optimizer_extra") is not None:
@@ -250,6 +270,14 @@ def _set_rng_state(state: dict) -> None:
 def _barrier(engine) -> None:
     if engine.dist.world_size > 1:
         dist.barrier(group=engine.dist.group)
+
+
+def _job_barrier(engine) -> None:
+    """Every rank of the job: under tensor parallelism the engine's group is one tensor rank's data ranks."""
+    if engine.tensor_parallel.size > 1:
+        dist.barrier()
+    else:
+        _barrier(engine)
 
 
 def _all_gather_object(engine, value) -> list:

@@ -83,11 +83,15 @@ class CPUAdam(torch.optim.Optimizer):
         #: engine-set: called as ``on_chunk(param, start, end)`` in order, as each chunk's update
         #: (and its copy) is written, so the copy back to the device can start chunk by chunk
         self.on_chunk = None
+        #: engine-set: ``chunk_priority(param, start, end)`` -> a number; chunks run lowest first
+        #: (the first layers' chunks first, across parameters); a parameter's own chunks keep their order
+        self.chunk_priority = None
 
     def __getstate__(self):
         state = super().__getstate__()
         state.pop("_pool", None)
         state.pop("on_chunk", None)
+        state.pop("chunk_priority", None)
         return state
 
     def _state_for(self, p):
@@ -109,8 +113,20 @@ class CPUAdam(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self.prepare_step(params_16bit)()
+        return loss
+
+    def prepare_step(self, params_16bit=None):
+        """Fix this step's inputs now and return the update as a call that may run in another thread.
+
+        Here: the step counters are advanced, and each chunk's gradient, hyper-parameters
+        (``lr`` and the rest), ``grad_factor`` and ``on_chunk`` are captured, so that a scheduler,
+        an engine or ``zero_grad`` may change them while the returned call runs.
+        """
         jobs, spans = [], []
+        factor, self.grad_factor = self.grad_factor, 1.0
         for group in self.param_groups:
+            settings = {key: value for key, value in group.items() if key != "params"}
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -119,23 +135,22 @@ class CPUAdam(torch.optim.Optimizer):
                 state = self._state_for(p)
                 state["step"] += 1
                 target = None if params_16bit is None else params_16bit.get(p)
-                chunks = self._chunk_jobs(p, state, group, target)
-                jobs.extend(chunks)
+                jobs.extend(self._chunk_jobs(p, state, settings, target, factor))
                 spans.extend((p, a, b) for a, b in _chunks(p.numel(), self.chunk_elements))
-        self._run(jobs, spans)
-        self.grad_factor = 1.0
-        return loss
+        if self.chunk_priority is not None:
+            jobs, spans = _by_priority(jobs, spans, self.chunk_priority)
+        notify = self.on_chunk
+        return lambda: self._run(jobs, spans, notify)
 
-    def _chunk_jobs(self, p, state, group, target):
+    def _chunk_jobs(self, p, state, group, target, factor):
         flat = [t.detach().view(-1) for t in (p, p.grad, state["exp_avg"], state["exp_avg_sq"])]
         out = None if target is None else target.detach().view(-1)
         step = float(state["step"])
         step_tensor = state["step"]
-        return [(tuple(t[a:b] for t in flat), None if out is None else out[a:b], step, step_tensor, group)
+        return [(tuple(t[a:b] for t in flat), None if out is None else out[a:b], step, step_tensor, group, factor)
                 for a, b in _chunks(p.numel(), self.chunk_elements)]
 
-    def _run(self, jobs, spans):
-        notify = self.on_chunk
+    def _run(self, jobs, spans, notify):
         if self._pool is None or len(jobs) == 1:
             for job, span in zip(jobs, spans):
                 self._step_chunk(*job)
@@ -148,11 +163,10 @@ class CPUAdam(torch.optim.Optimizer):
                 notify(*span)
 
     @torch.no_grad()   # grad mode is per thread: the pool's threads need it too
-    def _step_chunk(self, tensors, out, step, step_tensor, group):
+    def _step_chunk(self, tensors, out, step, step_tensor, group, factor):
         param, grad, exp_avg, exp_avg_sq = tensors
         beta1, beta2 = group["betas"]
         lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
-        factor = self.grad_factor
         if self.use_fused and group["bias_correction"]:
             fused = torch._fused_adamw_ if group["adamw_mode"] else torch._fused_adam_
             # the kernel divides each gradient by grad_scale as it reads it
@@ -166,6 +180,17 @@ class CPUAdam(torch.optim.Optimizer):
                             group["adamw_mode"], group["bias_correction"])
         if out is not None:
             out.copy_(param)
+
+
+def _by_priority(jobs, spans, priority):
+    """Jobs and spans sorted by priority; within one parameter never before its previous chunk."""
+    keys, running = [], {}
+    for param, start, end in spans:
+        key = max(priority(param, start, end), running.get(id(param), float("-inf")))
+        running[id(param)] = key
+        keys.append(key)
+    order = sorted(range(len(jobs)), key=keys.__getitem__)   # stable: ties keep their order
+    return [jobs[i] for i in order], [spans[i] for i in order]
 
 
 def adam_step_flat(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,

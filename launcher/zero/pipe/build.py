@@ -6,6 +6,7 @@ gradient_accumulation_steps x data-parallel ranks``), as DeepSpeed does for pipe
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from launcher.zero.config import load_config
 from launcher.zero.errors import ConfigError
@@ -15,6 +16,7 @@ from launcher.zero.parallel.topology import check_autotp_size
 from launcher.zero.pipe.engine import PipelineEngine
 from launcher.zero.pipe.module import PipelineModule
 from launcher.zero.pipe.schedule import SCHEDULES, build_schedule
+from launcher.zero.pipe.shard import OptimizerShard, check_shardable
 from launcher.zero.precision import precision_policy
 from launcher.zero.sched import build_scheduler
 
@@ -42,6 +44,17 @@ def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source,
     if precision.param_dtype != torch.float32:     # fp16 / bf16: the optimizer steps fp32 copies
         masters = [torch.nn.Parameter(p.detach().float().clone()) for p in params]
     stepped = masters if masters is not None else params
+    shard = None
+    if cfg.zero_stage == 1:     # the optimizer steps this data rank's slice of the stage (pipe/shard.py)
+        if isinstance(optimizer, torch.optim.Optimizer):
+            raise ConfigError("zero_optimization.stage 1 with pipeline parallelism builds the optimizer over this "
+                              "data rank's slice, so it cannot take an optimizer already built",
+                              hint="pass a callable (params -> optimizer) or an 'optimizer' config section")
+        if cfg.optimizer is not None and not callable(optimizer):
+            check_shardable(cfg.optimizer)
+        shard = OptimizerShard(stepped, topo.get_coord(dist.get_rank()).data if "data" in topo.get_axis_names()
+                               else 0, data_parallel_size)
+        stepped = [shard.param]
     if not stepped:
         # a stage of parameter-free layers (Tanh, reshapes) still steps a scheduler; torch.optim wants a parameter
         stepped = [torch.nn.Parameter(torch.zeros(0, device=device))]
@@ -49,7 +62,7 @@ def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source,
     scheduler = _scheduler(lr_scheduler, optimizer, cfg)
     scaler = LossScaler(rules_from_config(cfg.fp16, 0)) if cfg.fp16.enabled else None
     engine = PipelineEngine(module, optimizer, scheduler, cfg, device, schedule=schedule, masters=masters,
-                            loss_scaler=scaler)
+                            loss_scaler=scaler, shard=shard)
     dataloader = None
     if training_data is not None:
         from torch.utils.data import DataLoader, DistributedSampler
@@ -63,10 +76,13 @@ def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source,
 
 
 def _check_supported(cfg) -> None:
-    if cfg.zero_stage > 0:
+    if cfg.zero_stage > 1:
         raise ConfigError(f"zero_optimization.stage {cfg.zero_stage} with pipeline parallelism is not supported "
-                          "(this engine runs pipelines at stage 0; DeepSpeed refuses stages 2-3 with pipelines)",
-                          hint='set "zero_optimization": {"stage": 0}')
+                          "(pipelines run ZeRO stages 0-1 over the data axis, DeepSpeed's limit too)",
+                          hint='set "zero_optimization": {"stage": 1}')
+    if cfg.zero_optimization.offload_optimizer_active:
+        raise ConfigError("zero_optimization.offload_optimizer with pipeline parallelism is not supported",
+                          hint="remove offload_optimizer (stage 1 alone partitions the optimizer state)")
 
 
 def _schedule_name(cfg, num_virtual_stages: int) -> str:

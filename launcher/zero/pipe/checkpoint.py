@@ -6,8 +6,8 @@
     save_dir/<tag>/tied_<key>-model_<mm>-model_states.pt       a tied module, saved by its first stage
     save_dir/<tag>/optim_pipe_<ss>_model_<mm>.pt               optimizer, scheduler, counters
 
-Stages run ZeRO-0 over the data axis, so data rank 0 of each (stage, tensor) pair writes and any
-data-parallel size loads it directly. Layer files are per global layer index, so another pipeline
+Data rank 0 of each (stage, tensor) pair writes; at ZeRO stage 1 the data ranks' slices of the
+optimizer state are gathered into it first (saved whole), so any data-parallel size loads it directly. Layer files are per global layer index, so another pipeline
 size loads the weights too (the optimizer state needs the same stages); another tensor size goes
 through ``dslaunch-zero-to-fp32``. Written under a temporary name and renamed, ``latest`` last.
 """
@@ -46,6 +46,9 @@ def _tensors(module: torch.nn.Module) -> dict:
 def _owned_files(engine) -> dict[str, dict]:
     """The files this rank writes: its layers and tied modules (data rank 0 only), and its optimizer."""
     grid, module, files = engine.grid, engine.module, {}
+    # ZeRO-1: every data rank gives its slice of the optimizer state (collective); data rank 0 writes it whole
+    optimizer = (engine.shard.full_state(engine.optimizer, grid.get_data_parallel_group()) if engine.shard is not None
+                 else engine.optimizer.state_dict())
     if grid.get_data_parallel_rank() != 0:
         return files
     model_rank = grid.get_model_parallel_rank()
@@ -57,7 +60,7 @@ def _owned_files(engine) -> dict[str, dict]:
         if stages[0] == engine.stage_id:
             files[tied_file(key, model_rank)] = _tensors(module.tied_modules[key])
     files[optim_file(engine.stage_id, model_rank)] = {
-        "optimizer": engine.optimizer.state_dict(),
+        "optimizer": optimizer,
         "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
         "global_steps": engine.global_steps, "skipped_steps": engine.skipped_steps}
     return files
@@ -130,6 +133,8 @@ def load(engine, load_dir, tag=None, load_module_strict: bool = True, load_optim
         with torch.no_grad():
             for param, master in engine._holders():
                 master.copy_(param.float())
+    if engine.shard is not None:     # the optimizer's slice restarts from the loaded weights too
+        engine.shard.refresh()
     if load_optimizer_states:
         _load_optimizer(engine, path, metadata, model_rank, load_lr_scheduler_states)
     client = _read(path, "client_state.pt")["client_state"]
@@ -142,7 +147,16 @@ def _load_optimizer(engine, path: str, metadata: dict, model_rank: int, with_sch
                               f"{metadata['parts']}, this run has {engine.num_stages} with {engine.module.parts}",
                               hint="load_checkpoint(..., load_optimizer_states=False) loads the weights alone")
     state = _read(path, optim_file(engine.stage_id, model_rank))
-    engine.optimizer.load_state_dict(state["optimizer"])
+    saved_sharded = isinstance(state["optimizer"], dict) and state["optimizer"].get("sharded_over_data", False)
+    if saved_sharded != (engine.shard is not None):
+        stages = ("1", "0") if saved_sharded else ("0", "1")
+        raise CheckpointError(f"{path}: optimizer states were saved at ZeRO stage {stages[0]}, this run is at "
+                              f"stage {stages[1]}", hint="run at the saved stage, or load_checkpoint(..., "
+                              "load_optimizer_states=False) for the weights alone")
+    if engine.shard is not None:     # saved whole: this data rank takes its slice (any data size)
+        engine.shard.load_full_state(engine.optimizer, state["optimizer"])
+    else:
+        engine.optimizer.load_state_dict(state["optimizer"])
     if with_scheduler and engine.lr_scheduler is not None and state["lr_scheduler"] is not None:
         engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
     engine.global_steps, engine.skipped_steps = state["global_steps"], state["skipped_steps"]

@@ -26,8 +26,10 @@ class PipelineEngine:
     """DeepSpeed's ``PipelineEngine`` surface: ``train_batch``, ``eval_batch``, ``grid``, counters."""
 
     def __init__(self, module: PipelineModule, optimizer, lr_scheduler, config, device: torch.device,
-                 schedule: str = "1f1b", masters: list | None = None, loss_scaler=None):
+                 schedule: str = "1f1b", masters: list | None = None, loss_scaler=None, shard=None):
         self.module = module
+        #: ZeRO-1: the optimizer steps this data rank's slice of the stage (pipe/shard.py); None at stage 0
+        self.shard = shard
         # fp16/bf16: the optimizer steps fp32 ``masters`` (one per trainable parameter, same order)
         self.masters = masters
         self.loss_scaler = loss_scaler
@@ -55,6 +57,13 @@ class PipelineEngine:
                           else {FORWARD: None, BACKWARD: None})
         self._tie_groups = self._build_tie_groups()
         self._sync_tied_weights()
+        # fp32 masters and the ZeRO-1 slice were taken before the ties were synced: take them again
+        if self.masters is not None:
+            with torch.no_grad():
+                for param, master in self._holders():
+                    master.copy_(param.float())
+        if self.shard is not None:
+            self.shard.refresh()
 
     # ---- DeepSpeed's accessors ----------------------------------------------------------
     def is_first_stage(self) -> bool:
@@ -303,7 +312,10 @@ class PipelineEngine:
             if combined != 1.0:
                 for _, holder in self._holders():
                     holder.grad.mul_(1.0 / combined)
-            self.optimizer.step()
+            if self.shard is not None:
+                self.shard.step(self.optimizer, self.grid.get_data_parallel_group())
+            else:
+                self.optimizer.step()
             if self.masters is not None:
                 with torch.no_grad():
                     for param, master in self._holders():
@@ -314,6 +326,9 @@ class PipelineEngine:
         if self.loss_scaler is not None:
             self.loss_scaler.update(overflow)
         self.optimizer.zero_grad(set_to_none=True)
+        if self.shard is not None:      # the optimizer holds the slice; the stage's own gradients go here
+            for param, holder in self._holders():
+                param.grad = holder.grad = None
         self.global_steps += 1
 
 

@@ -162,6 +162,19 @@ class ZeroStrategy(ABC):
             if master.grad is not None:
                 master.grad.mul_(factor)
 
+    #: a StepOverlap when ``offload_optimizer.overlap_step`` is on and the strategy supports it
+    overlap = None
+
+    def step_in_background(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Start ``optimizer.step()``, ``after_optimizer_step()`` and ``zero_grad()`` in the
+        background and return True; False (the default) when the engine must run them itself."""
+        return False
+
+    def wait_for_step(self) -> None:
+        """Block until a background step is done (re-raising its error); a no-op without one."""
+        if self.overlap is not None:
+            self.overlap.wait()
+
     @abstractmethod
     def after_optimizer_step(self) -> None:
         """Copy updated masters into the model parameters (and all-gather them when partitioned)."""
@@ -193,6 +206,8 @@ class ZeroStrategy(ABC):
         """Remove the hooks this strategy put on the module and its parameters (engine.destroy)."""
         for handle in getattr(self, "hooks", ()):
             handle.remove()
+        if self.overlap is not None:
+            self.overlap.close()
 
     # ---- reporting -----------------------------------------------------------------------
     @abstractmethod

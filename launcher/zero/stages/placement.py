@@ -55,7 +55,8 @@ class OnDevice:
     def write_back(self, target: torch.Tensor, master: torch.Tensor, position: int) -> None:
         target.copy_(master)
 
-    def clear_grads(self, masters: list[torch.Tensor]) -> None:
+    def clear_grads(self, masters: list[torch.Tensor], stepping: bool = False) -> None:
+        """Drop the master grads; ``stepping``: a background step still reads them (overlap_step)."""
         for master in masters:
             master.grad = None
 
@@ -75,6 +76,10 @@ class OnHost(OnDevice):
       updated (our CPU Adam reports each chunk, ``on_chunk``), and are cast on the device: a
       host-side cast to 16 bits would cost the host a pass of its own (measured: 50 ms of the
       406M model's 157 ms step), twice the PCIe bytes cost nothing while the Adam runs.
+
+    With ``overlap_step`` the Adam and the uploads run in the background (step_overlap.py):
+    each upload publishes its mark, and the host gradients are two buffers used in turn, so
+    the next backward's copies never land in the buffer the running step reads.
     """
 
     STAGE_NUMEL = 1 << 25     # fp32 staging on the device, 128 MiB at a time
@@ -89,10 +94,15 @@ class OnHost(OnDevice):
         self.host_grads: list[torch.Tensor] = []
         self.owned: list[torch.Tensor] = []
         self.filled: list[int] = []
+        self.overlap = None          # a StepOverlap, set by the strategy when overlap_step is on
+        self.double_buffer = bool(offload is not None and offload.overlap_step)
+        self.spare_grads: list[torch.Tensor] = []
 
     def build(self, weights: torch.Tensor, may_alias: bool) -> tuple[torch.Tensor, bool]:
         master = host_copy(weights, self.context.precision.master_dtype, self.pin)
         self.host_grads.append(host_copy(torch.zeros(master.numel()), master.dtype, self.pin))
+        if self.double_buffer:
+            self.spare_grads.append(host_copy(torch.zeros(master.numel()), master.dtype, self.pin))
         self.filled.append(0)
         return master, False   # the device weights and the host masters are always two tensors
 
@@ -167,24 +177,28 @@ class OnHost(OnDevice):
         self.uploaded[position] = end
         if self.stream is None:
             target.copy_(source)
-            return
-        with torch.cuda.stream(self.stream):
-            for low in range(0, end - start, self.STAGE_NUMEL):
-                piece = source[low:low + self.STAGE_NUMEL]
-                staged = piece if piece.dtype == target.dtype else piece.to(target.device, non_blocking=True)
-                target[low:low + piece.numel()].copy_(staged, non_blocking=True)
+        else:
+            with torch.cuda.stream(self.stream):
+                for low in range(0, end - start, self.STAGE_NUMEL):
+                    piece = source[low:low + self.STAGE_NUMEL]
+                    staged = piece if piece.dtype == target.dtype else piece.to(target.device, non_blocking=True)
+                    target[low:low + piece.numel()].copy_(staged, non_blocking=True)
+        if self.overlap is not None:
+            self.overlap.publish(position, end, self.stream)
 
     def write_back(self, target: torch.Tensor, master: torch.Tensor, position: int) -> None:
         """Updated master -> device weights: what the step's uploads did not cover, then wait for them."""
         if self.uploaded[position] < master.numel():
             self._upload(position, self.uploaded[position], master.numel())
         self.uploaded[position] = 0
-        if self.stream is not None:
-            torch.cuda.current_stream().wait_stream(self.stream)
+        if self.stream is not None and not (self.overlap is not None and self.overlap.in_worker):
+            torch.cuda.current_stream().wait_stream(self.stream)   # in the background: each module waits
 
-    def clear_grads(self, masters: list[torch.Tensor]) -> None:
+    def clear_grads(self, masters: list[torch.Tensor], stepping: bool = False) -> None:
         super().clear_grads(masters)
-        if self.stream is not None:
+        if self.stream is not None and not stepping:
             self.stream.synchronize()   # a skipped step's copies must not land in the next one
+        if self.double_buffer:          # the running step keeps reading the other buffer
+            self.host_grads, self.spare_grads = self.spare_grads, self.host_grads
         self.owned = []
         self.filled = [0] * len(self.filled)

@@ -23,7 +23,8 @@ from launcher.zero.errors import ConfigError
 from launcher.zero.layout.flat import ParamGroup, collect_groups, flatten_into_buffer
 from launcher.zero.stages.base import Fragment, ZeroStrategy
 from launcher.zero.stages.buckets import BucketQueue, plan_all_buckets, register_grad_hooks
-from launcher.zero.stages.placement import OnDevice
+from launcher.zero.stages.placement import OnDevice, OnHost
+from launcher.zero.stages.step_overlap import FirstUseOrder, StepOverlap
 
 
 class WholeParamsStrategy(ZeroStrategy):
@@ -71,6 +72,44 @@ class WholeParamsStrategy(ZeroStrategy):
         bounds = [self.partitioning.bounds(group) for group in self.groups]
         self.placement.attach(optimizer, self.masters, [b[low:high] for b, (low, high) in zip(self.param_buffers, bounds)],
                               [_covered(group, low, high) for group, (low, high) in zip(self.groups, bounds)])
+        offload = ctx.config.zero_optimization.offload_optimizer
+        if isinstance(self.placement, OnHost) and offload is not None and offload.overlap_step:
+            self._start_overlap(module, optimizer, bounds, order)
+
+    def _start_overlap(self, module: torch.nn.Module, optimizer, bounds, order: dict[str, int]) -> None:
+        """overlap_step: a background step; at world size 1 each module waits for its own weights
+        (with more ranks the updated partitions are all-gathered first, so the forward waits whole)."""
+        _prepare_of(optimizer)
+        self.overlap = StepOverlap(self.context.dist.device)
+        self.placement.overlap = self.overlap
+        if hasattr(optimizer, "chunk_priority"):
+            starts, ranks = [], []
+            for group, (low, high) in zip(self.groups, bounds):
+                inside = [s for s in group.layout.slots if s.offset < high and s.end > low]
+                starts.append([max(s.offset, low) - low for s in inside])
+                ranks.append([order[s.name] for s in inside])
+            optimizer.chunk_priority = FirstUseOrder(self.masters, starts, ranks)
+        if self.context.dist.world_size > 1:
+            return
+        needs = {}
+        for position, (group, (low, high)) in enumerate(zip(self.groups, bounds)):
+            for param, slot in zip(group.params, group.layout.slots):
+                needs[id(param)] = (position, min(slot.end, high) - low)
+        for child in module.modules():
+            wants: dict[int, int] = {}
+            for param in child.parameters(recurse=False):
+                if id(param) in needs:
+                    position, end = needs[id(param)]
+                    wants[position] = max(wants.get(position, 0), end)
+            if wants:
+                marks = tuple(wants.items())
+                self.hooks.append(child.register_forward_pre_hook(
+                    lambda _module, _args, marks=marks: self._wait_for_weights(marks), prepend=True))
+
+    def _wait_for_weights(self, marks) -> None:
+        if self.overlap.busy:
+            for position, end in marks:
+                self.overlap.wait_for(position, end)
 
     def _build_master(self, group: ParamGroup, buffer: torch.Tensor) -> torch.Tensor:
         low, high = self.partitioning.bounds(group)
@@ -81,6 +120,10 @@ class WholeParamsStrategy(ZeroStrategy):
     @property
     def communicates(self) -> bool:
         return self.context.reduce_gradients and self.context.dist.world_size > 1
+
+    def pre_forward(self) -> None:
+        if self.overlap is not None and self.context.dist.world_size > 1:
+            self.wait_for_step()
 
     def pre_backward(self, is_boundary: bool) -> None:
         self.reduction.pre_backward(is_boundary)
@@ -139,12 +182,43 @@ class WholeParamsStrategy(ZeroStrategy):
             super().scale_master_grads(factor)
 
     def after_optimizer_step(self) -> None:
+        self._write_back()
+        self._gather()
+
+    def _write_back(self) -> None:
         with torch.no_grad():
             for position, (group, buffer, master) in enumerate(zip(self.groups, self.param_buffers, self.masters)):
                 low, high = self.partitioning.bounds(group)
                 if not self.aliased:
                     self.placement.write_back(buffer[low:high], master, position)
+
+    def _gather(self) -> None:
+        with torch.no_grad():
+            for group, buffer in zip(self.groups, self.param_buffers):
+                low, high = self.partitioning.bounds(group)
                 self.partitioning.gather(buffer, low, high)
+
+    def step_in_background(self, optimizer) -> bool:
+        """overlap_step: the CPU Adam and the uploads run in the worker thread; the gradients are
+        dropped here at once (the step reads the other host buffer); the all-gather of more than
+        one rank runs in this thread when the step is waited for, never beside another collective."""
+        if self.overlap is None:
+            return False
+        update = optimizer.prepare_step()
+        self.reduction.zero()
+        self.placement.clear_grads(self.masters, stepping=True)
+
+        def work():
+            update()
+            self._write_back()
+        self.overlap.start(len(self.masters), work)
+        return True
+
+    def wait_for_step(self) -> None:
+        if self.overlap is not None and self.overlap.busy:
+            self.overlap.wait()
+            if self.partitioning.sharded and self.context.dist.world_size > 1:
+                self._gather()
 
     def zero_grad(self) -> None:
         self.reduction.zero()
@@ -170,6 +244,17 @@ class WholeParamsStrategy(ZeroStrategy):
         masters = 0 if self.aliased else sum(m.numel() * m.element_size() for m in self.masters)
         return {"parameters": params, "gradients": self.reduction.nbytes(), "master_weights": masters,
                 "optimizer_states": self.optimizer_state_bytes()}
+
+
+def _prepare_of(optimizer):
+    """The optimizer's ``prepare_step`` (our CPU Adam has one); a ConfigError without it."""
+    prepare = getattr(optimizer, "prepare_step", None)
+    if prepare is None:
+        raise ConfigError(f"zero_optimization.offload_optimizer.overlap_step needs the engine's CPU Adam, "
+                          f"the optimizer is {type(optimizer).__name__}",
+                          hint='use "optimizer": {"type": "AdamW"} in the config (or pass '
+                               'launcher.zero.optim.cpu_adam.CPUAdam), or remove overlap_step')
+    return prepare
 
 
 def _covered(group: ParamGroup, low: int, high: int) -> int:

@@ -1,9 +1,10 @@
 """Rank-side pipeline parity: PipelineModule through zero.initialize vs. single-process AdamW.
 
-argv: num_stages schedule model gas partition_method [tensor]. ``schedule`` "interleaved:V" builds the
+argv: num_stages schedule model gas partition_method [tensor [mode folder]]. ``schedule`` "interleaved:V" builds the
 module with V virtual stages per rank. ``model`` is ``plain`` (5 layers, an
 uneven split over 2 stages), ``tied`` (the first and the last layer share one weight, across
-stages) or ``tp`` (3 residual MLP blocks, column- then row-parallel over ``tensor`` ranks, and a head).
+stages) or ``tp`` (3 residual MLP blocks, column- then row-parallel over ``tensor`` ranks, and a head);
+``+ckpt`` adds activation checkpointing, ``+zero1`` ZeRO stage 1 over the data axis.
 Prints one ``RESULT {json}`` line: the max abs weight error, the losses of both, bytes per stage.
 """
 import json
@@ -97,7 +98,9 @@ def reference(model: str, dp: int, gas: int, steps: int = STEPS):
 def main():
     num_stages, schedule, model, gas, method = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
     tensor = int(sys.argv[6]) if len(sys.argv) > 6 else 1
-    model, _, checkpointed = model.partition("+")   # "plain+ckpt": activation checkpoint every 2 layers
+    # "plain+ckpt": activation checkpoint every 2 layers; "+zero1": ZeRO stage 1 over the data axis
+    model, *modifiers = model.split("+")
+    checkpointed, zero_stage = "ckpt" in modifiers, 1 if "zero1" in modifiers else 0
     schedule, _, virtual = schedule.partition(":")  # "interleaved:2": two chunks per rank
     zero.init_distributed()
     world_size = int(os.environ["WORLD_SIZE"])
@@ -109,7 +112,7 @@ def main():
     config = {"train_micro_batch_size_per_gpu": MBS, "gradient_accumulation_steps": gas, "gradient_clipping": CLIP,
               "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": [0.9, 0.99], "eps": 1e-8,
                                                         "weight_decay": 0.01}},
-              "pipeline": {"schedule": schedule}}
+              "pipeline": {"schedule": schedule}, "zero_optimization": {"stage": zero_stage}}
     engine, _, _, _ = zero.initialize(model=module, config=config)
     calls = [0]
     for child in module.children():
@@ -142,6 +145,8 @@ def main():
         "max_abs_error": error, "losses": losses, "global_steps": engine.global_steps, **extra, "reference_losses": ref_losses,
         "param_bytes": sum(p.numel() * p.element_size() for p in engine.parameters()), "tensor": tensor, "layer_forwards": calls[0],
         "model_rank": grid.get_model_parallel_rank(),
+        "optimizer_state_numel": sum(v.numel() for state in engine.optimizer.state.values() for v in state.values()
+                                     if torch.is_tensor(v) and v.dim() > 0),
         "reference_param_counts": [sum(p.numel() for p in layer.parameters()) for layer in layers]}), flush=True)
 
 

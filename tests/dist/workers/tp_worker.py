@@ -1,7 +1,9 @@
 """Rank-side tensor-parallel parity: tensor 2 x data 2 through zero.initialize(mpu=...) vs. AdamW.
 
-argv: comma-separated ZeRO stages. Prints one ``RESULT {json}`` per stage: the max abs error of
-every shard against the matching slice of the single-process model, and both runs' losses.
+argv: comma-separated ZeRO stages [mode folder]. Prints one ``RESULT {json}`` per stage: the max abs
+error of every shard against the matching slice of the single-process model, and both runs' norms.
+Mode ``save`` runs 2 of the 4 steps and saves into ``folder/stage_<N>``; ``resume`` loads that (at
+any data size: accumulation 4 / data ranks keeps the global batch) and runs steps 3-4.
 """
 import json
 import os
@@ -16,7 +18,7 @@ from launcher.zero.parallel.grid import ParallelGrid
 from launcher.zero.parallel.tensor import apply_tensor_parallel, vocab_parallel_cross_entropy
 from launcher.zero.parallel.topology import topology_for
 
-STEPS, GAS, MBS, CLIP, LR, VOCAB = 4, 2, 2, 0.05, 0.05, 16
+STEPS, SAMPLES_PER_STEP, MBS, CLIP, LR, VOCAB = 4, 8, 2, 0.05, 0.05, 16
 PLAN = {"emb": "vocab", "fc": "colwise", "proj": "rowwise", "head": "colwise"}
 
 
@@ -37,55 +39,60 @@ class Net(nn.Module):
         return vocab_parallel_cross_entropy(logits, target, self.group).mean()
 
 
-def data(dp):
+def data():
     generator = torch.Generator().manual_seed(0)
-    count = STEPS * GAS * dp * MBS
+    count = STEPS * SAMPLES_PER_STEP
     return (torch.randint(0, VOCAB, (count, 5), generator=generator),
             torch.randint(0, VOCAB, (count, 5), generator=generator))
 
 
-def reference(dp):
-    net = Net()
+def reference(dp, steps=STEPS):
+    net, gas = Net(), SAMPLES_PER_STEP // (MBS * dp)
     optimizer = torch.optim.AdamW(net.parameters(), lr=LR, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.01)
-    x, y = data(dp)
+    x, y = data()
     norms = []
-    for step in range(STEPS):
-        for micro in range(GAS):
+    for step in range(steps):
+        for micro in range(gas):
             for data_rank in range(dp):
-                start = ((step * GAS + micro) * dp + data_rank) * MBS
-                (net(x[start:start + MBS], y[start:start + MBS]) / (GAS * dp)).backward()
+                start = ((step * gas + micro) * dp + data_rank) * MBS
+                (net(x[start:start + MBS], y[start:start + MBS]) / (gas * dp)).backward()
         norms.append(float(torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP)))
         optimizer.step()
         optimizer.zero_grad()
     return net, norms
 
 
-def run(stage, grid):
+def run(stage, grid, mode="train", folder=None):
     group = grid.get_model_parallel_group()
+    dp, data_rank = grid.get_data_parallel_world_size(), grid.get_data_parallel_rank()
+    gas = SAMPLES_PER_STEP // (MBS * dp)
     model = apply_tensor_parallel(Net(group), PLAN, group)
     dims = {name: getattr(p, "partition_dim", None) for name, p in model.named_parameters()}
     local_params = sum(p.numel() for p in model.parameters())   # before stage 3 partitions them
-    config = {"train_micro_batch_size_per_gpu": MBS, "gradient_accumulation_steps": GAS, "gradient_clipping": CLIP,
+    config = {"train_micro_batch_size_per_gpu": MBS, "gradient_accumulation_steps": gas, "gradient_clipping": CLIP,
               # threshold 20: at stage 3 the 16-element biases stay whole, every weight is partitioned
               "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 20},
               "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": [0.9, 0.99], "eps": 1e-8,
                                                         "weight_decay": 0.01}}}
     engine, _, _, _ = zero.initialize(model=model, config=config, mpu=grid)
-    dp, data_rank = grid.get_data_parallel_world_size(), grid.get_data_parallel_rank()
-    x, y = data(dp)
+    x, y = data()
+    first, last, extra = 0, STEPS // 2 if mode == "save" else STEPS, {}
+    stage_folder = f"{folder}/stage_{stage}" if folder else None
+    if mode == "resume":
+        engine.load_checkpoint(stage_folder)
+        first = engine.global_steps
+        extra["consolidated_error"] = _consolidated_error(stage_folder, reference(dp, steps=first)[0])
     norms = []
-    for step in range(STEPS):
-        for micro in range(GAS):
-            start = ((step * GAS + micro) * dp + data_rank) * MBS
+    for step in range(first, last):
+        for micro in range(gas):
+            start = ((step * gas + micro) * dp + data_rank) * MBS
             engine.backward(engine(x[start:start + MBS], y[start:start + MBS]))
             engine.step()
         norms.append(engine.get_global_grad_norm())
-    try:
-        engine.save_checkpoint("/nonexistent-never-written")
-        refused = False
-    except ImportError as error:   # NotSupportedError: tensor ranks would overwrite each other's files
-        refused = "tensor-parallel" in str(error)
-    ref, ref_norms = reference(dp)
+    if mode == "save":
+        engine.save_checkpoint(stage_folder)
+    ref, ref_norms = reference(dp, steps=last)
+    ref_norms = ref_norms[first:]
     full, tp, tp_rank = dict(ref.named_parameters()), grid.get_model_parallel_world_size(), grid.get_model_parallel_rank()
     error = 0.0
     for name, value in engine.module_state_dict().items():
@@ -93,15 +100,23 @@ def run(stage, grid):
         if dims[name] is not None:
             expected = expected.chunk(tp, dim=dims[name])[tp_rank]
         error = max(error, (value.float() - expected).abs().max().item())
-    return {"rank": int(os.environ["RANK"]), "stage": stage, "max_abs_error": error, "norms": norms,
-            "reference_norms": ref_norms, "local_params": local_params, "checkpoint_refused": refused}
+    return {"rank": int(os.environ["RANK"]), "stage": stage, "max_abs_error": error, "norms": norms, "dp": dp,
+            "reference_norms": ref_norms, "local_params": local_params, "global_steps": engine.global_steps, **extra}
+
+
+def _consolidated_error(folder, ref) -> float:
+    """dslaunch-zero-to-fp32's full state dict (tensor shards joined) against the reference's weights."""
+    state, expected = zero.get_fp32_state_dict_from_zero_checkpoint(folder), ref.state_dict()
+    assert sorted(state) == sorted(expected), (sorted(state), sorted(expected))
+    return max((state[name] - value).abs().max().item() for name, value in expected.items())
 
 
 def main():
     zero.init_distributed()
     grid = ParallelGrid(topology_for(int(os.environ["WORLD_SIZE"]), model=2))
+    mode, folder = (sys.argv[2], sys.argv[3]) if len(sys.argv) > 3 else ("train", None)
     for stage in [int(s) for s in sys.argv[1].split(",")]:
-        print("RESULT " + json.dumps(run(stage, grid)), flush=True)
+        print("RESULT " + json.dumps(run(stage, grid, mode, folder)), flush=True)
 
 
 if __name__ == "__main__":

@@ -70,3 +70,13 @@ def test_dry_run_rejects_a_layout_that_does_not_fit(tmp_path):
     assert done.returncode == 2 and "does not divide the world of 6" in done.stderr
     done = _dry_run(tmp_path, [3, 3], {**CONFIG, "pipeline": {"stages": 1}, "train_batch_size": 24})
     assert done.returncode == 2 and "would span hosts node0, node1" in done.stderr
+
+
+def test_dry_run_rejects_zero_stages_2_and_3_with_a_pipeline(tmp_path):
+    for stage in (2, 3):
+        done = _dry_run(tmp_path, [4, 4], {**CONFIG, "zero_optimization": {"stage": stage}})
+        assert done.returncode == 2 and f"zero_optimization.stage {stage} with pipeline.stages 2" in done.stderr
+        assert '"stage": 1' in done.stderr, done.stderr     # the hint
+    assert _dry_run(tmp_path, [4, 4], {**CONFIG, "zero_optimization": {"stage": 1}}).returncode == 0
+    no_pipe = {**CONFIG, "pipeline": {"stages": 1}, "train_batch_size": 32, "zero_optimization": {"stage": 3}}
+    assert _dry_run(tmp_path, [4, 4], no_pipe).returncode == 0     # tensor parallelism alone: stages 0-3

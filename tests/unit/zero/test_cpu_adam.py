@@ -112,3 +112,18 @@ def test_on_chunk_reports_every_chunk_in_order():
     opt.on_chunk = lambda param, start, end: seen.append((param is p, start, end))
     opt.step()
     assert seen == [(True, 0, 300), (True, 300, 600), (True, 600, 900), (True, 900, 1000), (False, 0, 250)]
+
+
+def test_chunk_priority_reorders_chunks_across_parameters_but_never_within_one():
+    first, second = torch.zeros(300), torch.zeros(100)
+    for p in (first, second):
+        p.grad = torch.ones_like(p)
+    adam = CPUAdam([first, second], lr=0.1, chunk_elements=100)
+    seen = []
+    adam.on_chunk = lambda param, start, end: seen.append((param is second, start))
+    # the second parameter ranks between the first one's chunks; a chunk ranked lower than its
+    # predecessor in the same parameter (start 200) still comes after it
+    adam.chunk_priority = lambda param, start, end: (1.5 if param is second else {0: 1, 100: 2, 200: 0}[start])
+    adam.step()
+    assert seen == [(False, 0), (True, 0), (False, 100), (False, 200)]
+    assert torch.allclose(first, torch.full((300,), -0.1)) and torch.allclose(second, torch.full((100,), -0.1))

@@ -84,6 +84,8 @@ class ParamCoordinator:
         self.backward_position = 0
         self._frames: list[list[torch.nn.Parameter]] = []  # per running hooked module: params read by access
         self._in_forward = False
+        #: whether a parameter may be gathered without waiting (prefetch stops at the first that may not)
+        self.ready = None
 
     # ---- installation -----------------------------------------------------------------
     def install(self) -> None:
@@ -213,6 +215,8 @@ class ParamCoordinator:
                 if p.ds_state.status != P.NOT_AVAILABLE:
                     continue
                 if self.live_numel + p.ds_state.numel > self.options.max_live_parameters:
+                    return
+                if self.ready is not None and not self.ready(p):
                     return
                 self.fetch([p], async_op=True)
                 budget -= p.ds_state.numel

@@ -50,6 +50,7 @@ class ShardState:
     buffer: torch.Tensor | None = None    # the gathered (padded) full tensor while available
     work: Any = None                  # the pending all-gather while inflight
     on_update: list[Callable[[torch.nn.Parameter], None]] = field(default_factory=list)
+    before_read: Callable[[torch.nn.Parameter], None] | None = None   # overlap_step: wait for the update
 
     @property
     def shard_numel(self) -> int:
@@ -90,6 +91,8 @@ def start_gather(param: torch.nn.Parameter, async_op: bool = False) -> None:
     state: ShardState = param.ds_state
     if state.status != NOT_AVAILABLE:
         return
+    if state.before_read is not None:
+        state.before_read(param)
     source = state.shard.to(state.device, non_blocking=True)
     if state.world_size == 1:   # the shard is the whole parameter: no copy
         buffer, work = source, None

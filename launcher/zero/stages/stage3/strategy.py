@@ -86,6 +86,9 @@ class Stage3Strategy(ZeroStrategy):
             optimizer.param_groups[index]["params"] = [master]
         self.coordinator = ParamCoordinator(module, self.options)
         self.coordinator.install()
+        self._overlap_helper = None
+        if self.offload_optimizer and zero.offload_optimizer.overlap_step:
+            self._start_overlap(module, optimizer, pin)
         self._hooks = []
         self._pending: list[tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self._pending_numel = 0
@@ -99,6 +102,28 @@ class Stage3Strategy(ZeroStrategy):
                     self._hooks.append(p.register_post_accumulate_grad_hook(
                         lambda param, g=position, s=slot_index: self._on_grad(g, s)))
 
+
+    def _start_overlap(self, module, optimizer, pin: bool) -> None:
+        """overlap_step: a second host gradient buffer per group, and the per-parameter waits."""
+        from launcher.zero.stages.stage3.overlap import Stage3StepOverlap
+        from launcher.zero.stages.whole_params import _prepare_of
+
+        _prepare_of(optimizer)
+        self.spare_grads = [host_buffer(g.numel(), g.dtype, pin) if g.device.type == "cpu" and pin
+                            else torch.zeros_like(g) for g in self.grads]
+        self._overlap_helper = Stage3StepOverlap(self, module, optimizer)
+        self.overlap = self._overlap_helper.overlap
+
+    def step_in_background(self, optimizer) -> bool:
+        """overlap_step: the prepared CPU Adam and the uploads in the worker thread; the gradients
+        move to the other buffer at once, so the next backward may run beside the step."""
+        if self._overlap_helper is None:
+            return False
+        update = optimizer.prepare_step()
+        self.grads, self.spare_grads = self.spare_grads, self.grads
+        self.zero_grad()
+        self._overlap_helper.start(update)
+        return True
 
     def _place_parameters(self, module, trainable) -> None:
         """Partition what is big enough, keep the rest whole; every rank starts from rank 0's values."""
@@ -338,17 +363,22 @@ class Stage3Strategy(ZeroStrategy):
             super().scale_master_grads(factor)
 
     def after_optimizer_step(self) -> None:
+        for position, slots in enumerate(self.group_slots):
+            self.copy_slots(position, 0, len(slots))
+
+    def copy_slots(self, position: int, first: int, last: int) -> None:
+        """Updated master -> slots [first, last) of group ``position`` (shards, persistent params)."""
+        params, slots, master = self.group_params[position], self.group_slots[position], self.masters[position]
         with torch.no_grad():
-            for params, slots, master in zip(self.group_params, self.group_slots, self.masters):
-                for p, slot in zip(params, slots):
-                    view = master[slot.offset:slot.offset + slot.length]
-                    target = p.data.view(-1) if slot.persistent else p.ds_state.shard
-                    if target.data_ptr() != view.data_ptr():
-                        if view.device != target.device and view.dtype != target.dtype:
-                            view = view.to(target.device, non_blocking=True)   # cast on the device
-                        # from pinned host memory this is asynchronous: it overlaps the next forward,
-                        # and the host masters are not written again before the next step's sync
-                        target.copy_(view, non_blocking=True)
+            for p, slot in zip(params[first:last], slots[first:last]):
+                view = master[slot.offset:slot.offset + slot.length]
+                target = p.data.view(-1) if slot.persistent else p.ds_state.shard
+                if target.data_ptr() != view.data_ptr():
+                    if view.device != target.device and view.dtype != target.dtype:
+                        view = view.to(target.device, non_blocking=True)   # cast on the device
+                    # from pinned host memory this is asynchronous: it overlaps the next forward,
+                    # and the host masters are not written again before the next step's sync
+                    target.copy_(view, non_blocking=True)
 
     @property
     def _copies_overwrite(self) -> bool:
@@ -434,6 +464,8 @@ class Stage3Strategy(ZeroStrategy):
             handle.remove()
         self._hooks = []
         self.coordinator.remove()
+        if self._overlap_helper is not None:
+            self._overlap_helper.remove()
 
     def release_gathered(self) -> None:
         """Free every gathered parameter (engine.empty_partition_cache)."""

@@ -1,0 +1,149 @@
+"""The offloaded optimizer step in a background thread (``offload_optimizer.overlap_step``).
+
+With optimizer offload the GPU sits idle while the host runs Adam. Here ``engine.step()``
+returns as soon as the step's inputs are fixed (gradients on the host, norm and clip factor
+known, hyper-parameters read); one worker thread runs the CPU Adam chunk by chunk, first
+chunk first, and uploads each finished chunk to the device. The next forward waits per
+module, only for the chunks that hold that module's parameters, so the first layers compute
+while the host still updates the last ones.
+
+Glossary: a *position* is the index of one flat master tensor (one per optimizer group); its
+*mark* is how many of its leading elements are final on the device (uploaded, or written in
+place). ``publish`` raises a mark from the worker thread; ``wait_for`` blocks until a mark
+reaches what a module needs, and makes the caller's CUDA stream wait for the copy's event.
+
+Anything that reads parameters or optimizer state outside the forward (checkpoints,
+state_dict, backward's next step, destroy) calls ``wait`` first, which also re-raises an
+exception the worker thread hit.
+"""
+from __future__ import annotations
+
+import bisect
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable
+
+import torch
+
+
+class StepOverlap:
+    """One background optimizer step at a time, with per-position upload marks."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cuda = device.type == "cuda" and torch.cuda.is_available()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="zero-overlap-step")
+        self._cond = threading.Condition()
+        self._future: Future | None = None
+        self._finished = True
+        self._marks: list[int] = []
+        self._events: list[list[tuple[int, object]]] = []
+        self._streams: list = []
+        self._worker: int | None = None
+        #: a side stream for uploads a strategy issues itself (stage 3); None on the CPU
+        self.stream = torch.cuda.Stream(device=device) if self.cuda else None
+
+    @property
+    def busy(self) -> bool:
+        """Whether a step was started and not yet waited for."""
+        return self._future is not None
+
+    @property
+    def in_worker(self) -> bool:
+        """Whether the caller is the worker thread of a running step."""
+        return not self._finished and threading.get_ident() == self._worker
+
+    def start(self, positions: int, work: Callable[[], None]) -> None:
+        """Run ``work`` (the step, its uploads, its ``publish`` calls) in the worker thread."""
+        self.wait()
+        with self._cond:
+            self._marks = [0] * positions
+            self._events = [[] for _ in range(positions)]
+            self._streams = []
+            self._finished = False
+        self._future = self._pool.submit(self._run, work)
+
+    def _run(self, work: Callable[[], None]) -> None:
+        self._worker = threading.get_ident()
+        try:
+            if self.cuda:
+                torch.cuda.set_device(self.device)   # the current device is per thread
+            with torch.no_grad():                    # and so is grad mode
+                work()
+        finally:
+            with self._cond:
+                self._finished = True
+                self._cond.notify_all()
+
+    def publish(self, position: int, end: int, stream=None) -> None:
+        """Worker thread: elements [0, end) of ``position`` are final once ``stream``'s queued work is.
+        A no-op outside a running step (a synchronous write-back after a checkpoint load)."""
+        if self._finished:
+            return
+        event = None
+        if self.cuda and stream is not None:
+            event = torch.cuda.Event()
+            event.record(stream)
+        with self._cond:
+            if stream is not None and all(s is not stream for s in self._streams):
+                self._streams.append(stream)
+            if end > self._marks[position]:
+                self._marks[position] = end
+                self._events[position].append((end, event))
+            self._cond.notify_all()
+
+    def is_final(self, position: int, end: int) -> bool:
+        """Whether ``wait_for(position, end)`` would return without blocking the thread."""
+        return self._future is None or self._finished or self._marks[position] >= end
+
+    def wait_for(self, position: int, end: int) -> None:
+        """Block until elements [0, end) of ``position`` are final; the current stream waits for their copy."""
+        if self._future is None:
+            return
+        with self._cond:
+            while self._marks[position] < end and not self._finished:
+                self._cond.wait()
+            reached = self._marks[position] >= end
+            event = next((e for mark, e in self._events[position] if mark >= end), None) if reached else None
+        if not reached:          # the step ended short of it: failed, or the mark was never published
+            self.wait()
+            return
+        if event is not None:
+            torch.cuda.current_stream().wait_event(event)
+
+    def wait(self) -> None:
+        """Block until the step is done; re-raise what it raised; the current stream waits for its copies."""
+        future, self._future = self._future, None
+        if future is None:
+            return
+        future.result()   # re-raises the worker's exception here, once
+        if self.cuda:
+            current = torch.cuda.current_stream()
+            for stream in self._streams:
+                current.wait_stream(stream)
+
+    def close(self) -> None:
+        """Wait for the step (errors included) and stop the worker thread."""
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown(wait=True)
+
+
+class FirstUseOrder:
+    """``chunk_priority`` for our CPU Adam: a chunk of a flat master ranks by the earliest
+    parameter it holds (in ``module.named_parameters()`` order, the order a forward usually
+    reads them), so the first layers of every optimizer group are updated first."""
+
+    def __init__(self, masters, starts: list[list[int]], ranks: list[list[int]]):
+        self.position_of = {id(master): position for position, master in enumerate(masters)}
+        self.starts, self.ranks = starts, ranks
+
+    def __call__(self, master, start: int, end: int) -> int:
+        position = self.position_of.get(id(master))
+        if position is None or not self.starts[position]:
+            return 0
+        starts, ranks = self.starts[position], self.ranks[position]
+        first = max(0, bisect.bisect_right(starts, start) - 1)
+        last = max(first + 1, bisect.bisect_left(starts, end))
+        return min(ranks[first:last])

@@ -1,0 +1,126 @@
+"""The controller's selector loop (control/inbox.py): the startup limit, a stop that never
+waits behind output, and sends that never block on an agent that does not read."""
+import json
+import socket
+import sys
+import threading
+import time
+
+import pytest
+
+from launcher.control.controller import Controller
+from launcher.control.inbox import Inbox
+from launcher.control.startup import StartupWatch
+from launcher.handshake import proof
+from launcher.planning.hostfile import parse_hostfile
+from launcher.planning.plan import LaunchOptions, Machine, build_plan
+
+STARTUP = [  # (hellos as (time, agents connected so far), time asked, stalled)
+    ([], 59.0, False),
+    ([], 61.0, True),
+    ([(30.0, 1), (90.0, 2)], 149.0, False),   # 149 s in all, but an agent came 59 s ago
+    ([(30.0, 1), (90.0, 2)], 151.0, True),
+    ([(30.0, 1), (80.0, 1)], 91.0, True),     # the same count again is no progress
+]
+
+
+@pytest.mark.parametrize("hellos, now, stalled", STARTUP)
+def test_the_start_fails_only_after_60_s_without_a_new_agent(hellos, now, stalled):
+    watch = StartupWatch(60.0, since=0.0)
+    for at, connected in hellos:
+        watch.update(connected, at)
+    assert watch.stalled(now) is stalled
+
+
+def test_the_startup_message_says_how_many_had_connected():
+    watch = StartupWatch(60.0, since=0.0)
+    watch.update(3, 5.0)
+    assert watch.describe("node 3 (w3)", 4) == ("no agent from node 3 (w3) after 60 s in which no new agent "
+                                                "connected (3 of 4 had)")
+
+
+def test_a_send_to_an_agent_that_does_not_read_never_blocks():
+    listener = socket.create_server(("127.0.0.1", 0))
+    inbox = Inbox(listener, lambda hello, nonce, source: None, lambda text: None)
+    client = socket.create_connection(listener.getsockname())
+    client.sendall(b'{"type":"hello","node_rank":0}\n')
+    _rank, hello = inbox.events.get(timeout=5)
+    line = {"type": "heartbeat", "pad": "x" * 1000}
+    began = time.monotonic()
+    for _ in range(20_000):     # 20 MB: far more than the socket buffers hold
+        hello["channel"].send(line)
+    assert time.monotonic() - began < 5.0
+    client.close()
+    inbox.stop()
+    listener.close()
+
+
+class Printed:
+    """sys.stdout for the controller: counts rank lines."""
+
+    def __init__(self):
+        self.lines = 0
+
+    def write(self, text):
+        self.lines += text.count("\n")
+
+    def flush(self):
+        pass
+
+
+def fake_agent(endpoint, key, node_rank, then):
+    sock = socket.create_connection((endpoint.host, endpoint.port), timeout=30)
+    reader = sock.makefile("rb")
+    nonce = json.loads(reader.readline())["nonce"]
+    sock.sendall((json.dumps({"type": "hello", "node_rank": node_rank, "proof": proof(key, nonce, node_rank)})
+                  + "\n").encode())
+    for line in reader:
+        if json.loads(line)["type"] == "plan":
+            break
+    then(sock, reader)
+    sock.close()
+
+
+def wait_for_stop(reader):
+    for line in reader:
+        if json.loads(line)["type"] == "stop":
+            return
+
+
+def send(sock, *messages):
+    sock.sendall(b"".join((json.dumps(m, separators=(",", ":")) + "\n").encode() for m in messages))
+
+
+def test_a_failure_is_handled_before_the_output_that_came_ahead_of_it(monkeypatch):
+    """Node 1 sends 100k lines, then its rank's exit 1; node 0 is told to stop before they are printed."""
+    hosts = parse_hostfile("localhost slots=1\n127.0.0.1 slots=1\n", "h")
+    plan = build_plan(hosts, LaunchOptions(script="t.py", launcher="ssh", no_preflight=True),
+                      Machine(python="/py", cwd="/", environ={}))
+    controller = Controller(plan, grace=0.1, delivery="stdin")
+    printed = Printed()
+    monkeypatch.setattr(sys, "stdout", printed)
+    flood = 100_000
+    seen = {}
+
+    def node0(sock, reader):
+        wait_for_stop(reader)
+        seen["printed at stop"] = printed.lines
+        send(sock, {"type": "exit", "rank": 0, "local_rank": 0, "returncode": -15}, {"type": "done", "ok": False})
+
+    def node1(sock, reader):
+        line = b'{"type":"output","rank":1,"stream":"stdout","line":"loss 2.3 step 100 of a long run"}\n'
+        sock.sendall(line * flood)
+        send(sock, {"type": "exit", "rank": 1, "local_rank": 0, "returncode": 1})
+        wait_for_stop(reader)
+        send(sock, {"type": "done", "ok": False})
+
+    def start(endpoint):
+        for rank, then in ((0, node0), (1, node1)):
+            key = controller.credentials.key_for(rank)
+            threading.Thread(target=fake_agent, args=(endpoint, key, rank, then), daemon=True).start()
+        return []
+
+    code = controller.run(start)
+    assert code == 1
+    assert printed.lines >= flood                 # every line is printed in the end
+    assert seen["printed at stop"] < flood        # but the stop did not wait for them
