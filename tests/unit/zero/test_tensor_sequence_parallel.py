@@ -3,19 +3,24 @@
 Each rank sees the same full tensors (seeded) and checks its slice of the outputs and gradients:
 the four sequence moves one by one, then a pre-norm MLP block (LayerNorm, column-parallel fc,
 row-parallel proj with a bias, residual) split by ``apply_tensor_parallel(..., sequence_parallel=True)``,
-whose replicated LayerNorm and bias gradients must come out whole on every rank.
+whose replicated LayerNorm and bias gradients must come out whole on every rank; both again with
+``dist.reduce_scatter`` missing (the all-reduce fallback).
 """
 import json
 import socket
 
 import torch
 import torch.distributed as dist
+import pytest
 import torch.multiprocessing as mp
 from torch import nn
 
+from launcher.zero.errors import ConfigError
+
+from launcher.zero.parallel import sequence
 from launcher.zero.parallel.sequence import (gather_sequence, gather_sequence_for_column, reduce_scatter_sequence,
                                              scatter_sequence)
-from launcher.zero.parallel.tensor import apply_tensor_parallel
+from launcher.zero.parallel.tensor import RowParallelLinear, apply_tensor_parallel
 
 BATCH, SEQ, WIDTH = 2, 6, 4
 
@@ -97,10 +102,29 @@ def _block(rank, group) -> dict:
     return {"block": _max_error(pairs), "marked": marked}
 
 
+def _unsupported(*args, **kwargs):
+    raise RuntimeError("ProcessGroupGloo does not support reduce_scatter")
+
+
 def _rank(rank, port, out_dir):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
         result = {**_functions(rank, dist.group.WORLD), **_block(rank, dist.group.WORLD)}
+        try:
+            scatter_sequence(torch.zeros(BATCH, 5, WIDTH), dist.group.WORLD)
+            result["indivisible refused"] = False
+        except ConfigError as error:
+            result["indivisible refused"] = "do not divide" in str(error) and "multiple of the tensor size" in error.hint
+        # a backend without reduce_scatter (older gloo): the all-reduce fallback gives the same numbers
+        fused = dist.reduce_scatter
+        dist.reduce_scatter = _unsupported
+        try:
+            result.update({f"fallback {name}": error for name, error in _functions(rank, dist.group.WORLD).items()})
+            result["fallback block"] = _block(rank, dist.group.WORLD)["block"]
+            result["fallback remembered"] = sequence._NO_REDUCE_SCATTER == {"gloo"}
+        finally:
+            dist.reduce_scatter = fused
+            sequence._NO_REDUCE_SCATTER.clear()
         with open(f"{out_dir}/rank_{rank}.json", "w") as handle:
             json.dump(result, handle)
     finally:
@@ -114,7 +138,17 @@ def test_sequence_moves_and_a_sequence_parallel_block_match_the_unsplit_computat
     mp.spawn(_rank, args=(port, str(tmp_path)), nprocs=2)
     for rank in range(2):
         result = json.loads((tmp_path / f"rank_{rank}.json").read_text())
-        print(f"rank {rank} max abs errors:", {k: v for k, v in result.items() if k != "marked"})
+        print(f"rank {rank} max abs errors:", {k: v for k, v in result.items() if isinstance(v, float)})
         assert result.pop("marked") == ["norm.bias", "norm.weight", "proj.bias"]
+        assert result.pop("fallback remembered") is True
+        assert result.pop("indivisible refused") is True
         for name, error in result.items():
             assert error < 1e-6, (rank, name, error)
+
+
+def test_plan_mistakes_under_sequence_parallelism_are_config_errors_with_a_hint():
+    with pytest.raises(ConfigError, match="'fc' is a Linear, style 'norm' takes") as caught:
+        apply_tensor_parallel(Block(), {"fc": "norm"}, None, sequence_parallel=True)
+    assert "layer norms" in caught.value.hint
+    with pytest.raises(ConfigError, match="needs its input split by features"):
+        RowParallelLinear.from_linear(nn.Linear(8, 4), None, input_is_parallel=False, sequence_parallel=True)
