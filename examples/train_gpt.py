@@ -115,6 +115,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--pipeline", type=int, default=None, help="pipeline stages (3D training, gpt3d.py)")
     parser.add_argument("--tensor", type=int, default=None, help="tensor-parallel ranks per stage (3D training)")
+    parser.add_argument("--sequence-parallel", action="store_true",
+                        help="with --tensor: split the activations between the blocks' linears along the sequence")
     args = parser.parse_args()
     if args.resume and not args.save_dir:
         parser.error("--resume needs --save_dir (the folder to load the latest checkpoint from)")
@@ -180,7 +182,8 @@ def train_3d(args) -> None:
     data, chars = load_corpus(Path(args.data))
     split = int(0.9 * len(data))
     train, val = data[:split], data[split:]
-    module = build_pipeline_gpt(grid, vocab=len(chars), block_size=args.block_size)
+    module = build_pipeline_gpt(grid, vocab=len(chars), block_size=args.block_size,
+                                sequence_parallel=args.sequence_parallel)
     engine, _, _, _ = zero.initialize(model=module, config=args.config)
     micro, data_rank = engine.train_micro_batch_size_per_gpu(), grid.get_data_parallel_rank()
     generator = torch.Generator().manual_seed(args.seed + 1000 * data_rank)   # tensor ranks share batches
@@ -198,7 +201,8 @@ def train_3d(args) -> None:
     if engine.global_rank == 0:
         params = sum(p.numel() for p in module.parameters())
         print(f"[train_gpt] 3D pipe={grid.get_pipe_parallel_world_size()} data={grid.get_data_parallel_world_size()} "
-              f"tensor={grid.get_model_parallel_world_size()} stage-0 params on rank 0={params} "
+              f"tensor={grid.get_model_parallel_world_size()} sequence_parallel={args.sequence_parallel} "
+              f"stage-0 params on rank 0={params} "
               f"steps={engine.global_steps} last loss {float(loss):.4f}")
         print(f"[train_gpt] first loss {first_loss:.4f} (ln vocab = {math.log(len(chars)):.4f}) -> "
               f"val loss {val_loss:.4f} in {elapsed:.1f}s")

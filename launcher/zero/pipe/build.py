@@ -16,7 +16,7 @@ from launcher.zero.parallel.topology import check_autotp_size
 from launcher.zero.pipe.engine import PipelineEngine
 from launcher.zero.pipe.module import PipelineModule
 from launcher.zero.pipe.schedule import SCHEDULES, build_schedule
-from launcher.zero.pipe.shard import OptimizerShard, check_shardable
+from launcher.zero.pipe.shard import GradHolder, OptimizerShard, check_shardable
 from launcher.zero.precision import precision_policy
 from launcher.zero.sched import build_scheduler
 
@@ -40,8 +40,12 @@ def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source,
     precision = precision_policy(cfg)
     module.to(device=device, dtype=precision.param_dtype)
     params = [p for p in module.parameters() if p.requires_grad]
-    masters = None
-    if precision.param_dtype != torch.float32:     # fp16 / bf16: the optimizer steps fp32 copies
+    masters = grad_holders = None
+    if precision.param_dtype != torch.float32 and cfg.zero_stage == 1:
+        # fp16 / bf16 at stage 1: the fp32 master is this data rank's slice alone (the shard's), the
+        # stage's gradients are kept in fp32 beside the 16-bit parameters
+        grad_holders = [GradHolder() for _ in params]
+    elif precision.param_dtype != torch.float32:     # fp16 / bf16: the optimizer steps fp32 copies
         masters = [torch.nn.Parameter(p.detach().float().clone()) for p in params]
     stepped = masters if masters is not None else params
     shard = None
@@ -62,6 +66,7 @@ def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source,
     scheduler = _scheduler(lr_scheduler, optimizer, cfg)
     scaler = LossScaler(rules_from_config(cfg.fp16, 0)) if cfg.fp16.enabled else None
     engine = PipelineEngine(module, optimizer, scheduler, cfg, device, schedule=schedule, masters=masters,
+                            grad_holders=grad_holders,
                             loss_scaler=scaler, shard=shard)
     dataloader = None
     if training_data is not None:

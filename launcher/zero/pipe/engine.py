@@ -26,12 +26,16 @@ class PipelineEngine:
     """DeepSpeed's ``PipelineEngine`` surface: ``train_batch``, ``eval_batch``, ``grid``, counters."""
 
     def __init__(self, module: PipelineModule, optimizer, lr_scheduler, config, device: torch.device,
-                 schedule: str = "1f1b", masters: list | None = None, loss_scaler=None, shard=None):
+                 schedule: str = "1f1b", masters: list | None = None, loss_scaler=None, shard=None,
+                 grad_holders: list | None = None):
         self.module = module
         #: ZeRO-1: the optimizer steps this data rank's slice of the stage (pipe/shard.py); None at stage 0
         self.shard = shard
         # fp16/bf16: the optimizer steps fp32 ``masters`` (one per trainable parameter, same order)
         self.masters = masters
+        # fp16/bf16 at ZeRO-1: no whole fp32 copies, only fp32 gradients (``GradHolder``, same order);
+        # the fp32 master is the shard's slice
+        self.grad_holders = grad_holders
         self.loss_scaler = loss_scaler
         self._param_dtype = next((p.dtype for p in module.parameters()), torch.float32)
         self.optimizer = optimizer
@@ -250,7 +254,8 @@ class PipelineEngine:
     def _holders(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
         """(parameter, the tensor whose .grad the step uses): the parameter itself, or its fp32 master."""
         params = self._params()
-        return list(zip(params, self.masters if self.masters is not None else params))
+        holders = self.masters if self.masters is not None else self.grad_holders
+        return list(zip(params, holders if holders is not None else params))
 
     def _reduce_gradients(self) -> None:
         holders = self._holders()
@@ -313,7 +318,8 @@ class PipelineEngine:
                 for _, holder in self._holders():
                     holder.grad.mul_(1.0 / combined)
             if self.shard is not None:
-                self.shard.step(self.optimizer, self.grid.get_data_parallel_group())
+                self.shard.step(self.optimizer, self.grid.get_data_parallel_group(),
+                                [holder.grad for _, holder in self._holders()])
             else:
                 self.optimizer.step()
             if self.masters is not None:

@@ -28,6 +28,16 @@ def check_shardable(optimizer_config) -> None:
                           hint=f'use one of {sorted(ELEMENTWISE)}, or "zero_optimization": {{"stage": 0}}')
 
 
+class GradHolder:
+    """An fp32 gradient for a 16-bit parameter, without an fp32 copy of its weight (ZeRO-1 in 16-bit:
+    the only fp32 weights are this data rank's slice, ``OptimizerShard.param``)."""
+
+    __slots__ = ("grad",)
+
+    def __init__(self):
+        self.grad = None
+
+
 class OptimizerShard:
     """This data rank's slice of a stage's flat fp32 tensors, and the step that shares its result."""
 
@@ -56,9 +66,14 @@ class OptimizerShard:
             offset += part.numel()
         return flat
 
-    def step(self, optimizer: torch.optim.Optimizer, group) -> None:
-        """Step the slice with its part of the (averaged, clipped) gradients; gather every slice back."""
-        grads = self._flat([t.grad if t.grad is not None else torch.zeros_like(t) for t in self.tensors])
+    def step(self, optimizer: torch.optim.Optimizer, group, grads: list | None = None) -> None:
+        """Step the slice with its part of the (averaged, clipped) gradients; gather every slice back.
+
+        ``grads`` (one per tensor) when they are kept apart from the tensors (fp32 beside 16-bit weights);
+        the gathered fp32 slices are then rounded into the 16-bit tensors.
+        """
+        grads = [t.grad for t in self.tensors] if grads is None else grads
+        grads = self._flat([g if g is not None else torch.zeros_like(t) for g, t in zip(grads, self.tensors)])
         self.param.grad = grads[self.low:self.low + self.partition_numel].clone()
         optimizer.step()
         gathered = self._gather(self.param.detach(), group)

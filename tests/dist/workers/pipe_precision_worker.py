@@ -17,6 +17,14 @@ from tests.dist.workers.pipe_worker import (BASE_SEED, CLIP, LR, MBS, STEPS, _ti
                                             specs)
 
 
+def _fp32_weights(engine) -> dict:
+    """How many fp32 weight elements this rank keeps (whole masters, the ZeRO-1 slice) next to its stage's."""
+    masters = sum(m.numel() for m in engine.masters) if engine.masters is not None else 0
+    sliced = engine.shard.param.numel() if engine.shard is not None else 0
+    return {"fp32_weight_numel": masters + sliced,
+            "stage_numel": sum(p.numel() for p in engine.module.parameters() if p.requires_grad)}
+
+
 def main():
     precision, zero_stage = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 0
     model = sys.argv[3] if len(sys.argv) > 3 else "plain"
@@ -54,6 +62,9 @@ def main():
                                   "max_abs_error": error, "skipped": skipped, "losses": losses,
                                   "reference_losses": [loss for loss, _ in ref_losses], "scales": scales,
                                   "sharded": engine.shard is not None, "stage": grid.get_stage_id(),
+                                  "data_rank": grid.get_data_parallel_rank(), **_fp32_weights(engine),
+                                  "weights": [float(v) for p in engine.module.parameters()
+                                              for v in p.detach().float().flatten()],
                                   "tied": {key: [float(v) for v in module.tied_modules[key].weight.detach().float()
                                                  .flatten()[:8]] for key in module.tied_modules}}), flush=True)
 
