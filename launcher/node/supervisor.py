@@ -70,8 +70,7 @@ class Supervisor:
                 code = proc.popen.poll()
                 if code is None:
                     continue
-                for reader in proc.readers:
-                    reader.join(timeout=1.0)
+                _join_readers([proc], timeout=1.0)
                 done = RankExit(proc.spec.rank, proc.spec.local_rank, code, tuple(proc.tail), self.host)
                 exits[proc.spec.rank] = done
                 self.on_exit(done)
@@ -94,18 +93,28 @@ class Supervisor:
         rank from a failed one by whether it had asked for the stop before)."""
         running = [p for p in self.procs if p.spec.rank not in exits]
         stop_processes([p.popen for p in running], first_signal=signum, grace=self.grace)
+        codes = {}
         for proc in running:
-            code = proc.popen.poll()
-            if code is None:
+            codes[proc.spec.rank] = proc.popen.poll()
+            if codes[proc.spec.rank] is None:
                 proc.popen.kill()
-                code = proc.popen.wait()
-            for reader in proc.readers:
-                reader.join(timeout=0.5)
-            exits[proc.spec.rank] = RankExit(proc.spec.rank, proc.spec.local_rank, code, tuple(proc.tail),
-                                             self.host)
+                codes[proc.spec.rank] = proc.popen.wait()
+        # one deadline for all: a pipe kept open by an escaped grandchild costs 0.5 s, not 0.5 s a rank
+        _join_readers(running, timeout=0.5)
+        for proc in running:
+            exits[proc.spec.rank] = RankExit(proc.spec.rank, proc.spec.local_rank, codes[proc.spec.rank],
+                                             tuple(proc.tail), self.host)
             self.on_exit(exits[proc.spec.rank])
 
     def _close_logs(self) -> None:
         for log in self._logs:
             if log is not None:
                 log.close()
+
+
+def _join_readers(procs: list[RankProcess], timeout: float) -> None:
+    """Wait for the output threads of `procs` to reach EOF, `timeout` seconds at most in all."""
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        for reader in proc.readers:
+            reader.join(timeout=max(0.0, deadline - time.monotonic()))
