@@ -79,48 +79,22 @@ def _reduce_scatter(tensor: torch.Tensor, dim: int, group) -> torch.Tensor:
     return _split(whole, dim, group)
 
 
-class _GatherForColumn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, tensor, group, dim):
+def _move(name: str, forward, backward) -> type:
+    """An autograd function whose forward is one sequence move and whose backward is its adjoint."""
+    def fwd(ctx, tensor, group, dim):
         ctx.group, ctx.dim = group, dim
-        return _all_gather(tensor, dim, group)
+        return forward(tensor, dim, group)
 
-    @staticmethod
-    def backward(ctx, grad):
-        return _reduce_scatter(grad, ctx.dim, ctx.group), None, None
+    def bwd(ctx, grad):
+        return backward(grad, ctx.dim, ctx.group), None, None
 
-
-class _ReduceScatter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, tensor, group, dim):
-        ctx.group, ctx.dim = group, dim
-        return _reduce_scatter(tensor, dim, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_gather(grad, ctx.dim, ctx.group), None, None
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(fwd), "backward": staticmethod(bwd)})
 
 
-class _Scatter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, tensor, group, dim):
-        ctx.group, ctx.dim = group, dim
-        return _split(tensor, dim, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _all_gather(grad, ctx.dim, ctx.group), None, None
-
-
-class _Gather(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, tensor, group, dim):
-        ctx.group, ctx.dim = group, dim
-        return _all_gather(tensor, dim, group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return _split(grad, ctx.dim, ctx.group), None, None
+_GatherForColumn = _move("_GatherForColumn", _all_gather, _reduce_scatter)
+_ReduceScatter = _move("_ReduceScatter", _reduce_scatter, _all_gather)
+_Scatter = _move("_Scatter", _split, _all_gather)
+_Gather = _move("_Gather", _all_gather, _split)
 
 
 def gather_sequence_for_column(tensor, group, dim: int = 1):

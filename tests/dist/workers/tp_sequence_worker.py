@@ -20,7 +20,9 @@ from launcher.zero.parallel.sequence import scatter_sequence
 from launcher.zero.parallel.tensor import apply_tensor_parallel, vocab_parallel_cross_entropy
 from launcher.zero.parallel.topology import topology_for
 
-STEPS, SAMPLES_PER_STEP, MBS, CLIP, LR, VOCAB, LENGTH = 4, 8, 2, 0.05, 0.05, 16, 6
+from tp_worker import CLIP, LR, MBS, SAMPLES_PER_STEP, STEPS, VOCAB, adamw_reference  # same run as tp_worker's
+
+LENGTH = 6
 PLAN = {"emb": "vocab", "norm1": "norm", "fc": "colwise", "proj": "rowwise", "norm2": "norm", "head": "colwise"}
 
 
@@ -55,19 +57,7 @@ def data():
 
 
 def reference(dp):
-    net, gas = Net(), SAMPLES_PER_STEP // (MBS * dp)
-    optimizer = torch.optim.AdamW(net.parameters(), lr=LR, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.01)
-    x, y = data()
-    norms = []
-    for step in range(STEPS):
-        for micro in range(gas):
-            for data_rank in range(dp):
-                start = ((step * gas + micro) * dp + data_rank) * MBS
-                (net(x[start:start + MBS], y[start:start + MBS]) / (gas * dp)).backward()
-        norms.append(float(torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP)))
-        optimizer.step()
-        optimizer.zero_grad()
-    return net, norms
+    return adamw_reference(Net(), *data(), dp, STEPS)
 
 
 def run(stage, grid):

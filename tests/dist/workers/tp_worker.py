@@ -47,9 +47,13 @@ def data():
 
 
 def reference(dp, steps=STEPS):
-    net, gas = Net(), SAMPLES_PER_STEP // (MBS * dp)
+    return adamw_reference(Net(), *data(), dp, steps)
+
+
+def adamw_reference(net, x, y, dp, steps):
+    """Single-process AdamW over the global batches that `dp` data ranks see; (net, clip norms)."""
+    gas = SAMPLES_PER_STEP // (MBS * dp)
     optimizer = torch.optim.AdamW(net.parameters(), lr=LR, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.01)
-    x, y = data()
     norms = []
     for step in range(steps):
         for micro in range(gas):
