@@ -128,6 +128,15 @@ def mark_sequence_parallel(param: nn.Parameter | None) -> None:
         param.sequence_parallel = True
 
 
+def _adopt(new: nn.Module, norm: nn.Module, group) -> nn.Module:
+    """`new` takes `norm`'s values and the tensor group; its parameters are marked replicated."""
+    new.load_state_dict(norm.state_dict())
+    new.group = group
+    for param in new.parameters():
+        mark_sequence_parallel(param)
+    return new
+
+
 class SequenceParallelLayerNorm(nn.LayerNorm):
     """``nn.LayerNorm`` on this rank's slice of the sequence; same parameter names, gradients summed."""
 
@@ -138,11 +147,7 @@ class SequenceParallelLayerNorm(nn.LayerNorm):
         new = cls(norm.normalized_shape, eps=norm.eps, elementwise_affine=norm.elementwise_affine,
                   bias=norm.bias is not None, device=norm.weight.device if norm.weight is not None else None,
                   dtype=norm.weight.dtype if norm.weight is not None else None)
-        new.load_state_dict(norm.state_dict())
-        new.group = group
-        for param in new.parameters():
-            mark_sequence_parallel(param)
-        return new
+        return _adopt(new, norm, group)
 
     def forward(self, x):
         return F.layer_norm(x, self.normalized_shape, replicated_on_sequence(self.weight, self.group),
@@ -159,11 +164,7 @@ class SequenceParallelRMSNorm(nn.RMSNorm):
         new = cls(norm.normalized_shape, eps=norm.eps, elementwise_affine=norm.elementwise_affine,
                   device=norm.weight.device if norm.weight is not None else None,
                   dtype=norm.weight.dtype if norm.weight is not None else None)
-        new.load_state_dict(norm.state_dict())
-        new.group = group
-        for param in new.parameters():
-            mark_sequence_parallel(param)
-        return new
+        return _adopt(new, norm, group)
 
     def forward(self, x):
         return F.rms_norm(x, self.normalized_shape, replicated_on_sequence(self.weight, self.group), self.eps)

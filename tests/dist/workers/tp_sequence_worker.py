@@ -21,6 +21,7 @@ from launcher.zero.parallel.tensor import apply_tensor_parallel, vocab_parallel_
 from launcher.zero.parallel.topology import topology_for
 
 from tp_worker import CLIP, LR, MBS, SAMPLES_PER_STEP, STEPS, VOCAB, adamw_reference  # same run as tp_worker's
+from tp_worker import data as tp_data
 
 LENGTH = 6
 PLAN = {"emb": "vocab", "norm1": "norm", "fc": "colwise", "proj": "rowwise", "norm2": "norm", "head": "colwise"}
@@ -50,10 +51,7 @@ class Net(nn.Module):
 
 
 def data():
-    generator = torch.Generator().manual_seed(0)
-    count = STEPS * SAMPLES_PER_STEP
-    return (torch.randint(0, VOCAB, (count, LENGTH), generator=generator),
-            torch.randint(0, VOCAB, (count, LENGTH), generator=generator))
+    return tp_data(LENGTH)
 
 
 def reference(dp):

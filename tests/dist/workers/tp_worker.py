@@ -39,11 +39,11 @@ class Net(nn.Module):
         return vocab_parallel_cross_entropy(logits, target, self.group).mean()
 
 
-def data():
+def data(length=5):
     generator = torch.Generator().manual_seed(0)
     count = STEPS * SAMPLES_PER_STEP
-    return (torch.randint(0, VOCAB, (count, 5), generator=generator),
-            torch.randint(0, VOCAB, (count, 5), generator=generator))
+    return (torch.randint(0, VOCAB, (count, length), generator=generator),
+            torch.randint(0, VOCAB, (count, length), generator=generator))
 
 
 def reference(dp, steps=STEPS):
