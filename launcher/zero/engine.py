@@ -24,7 +24,7 @@ from launcher.zero.loss_scaler import LossScaler
 from launcher.zero.monitor import Monitor, PhaseTimer, progress_line
 from launcher.zero.plain_backward import BackwardHooks
 from launcher.zero.precision import PrecisionPolicy
-from launcher.zero.stages.base import ZeroStrategy
+from launcher.zero.stages.base import DeviceNorm, ZeroStrategy, clip_factor
 
 
 @dataclass(frozen=True)
@@ -195,6 +195,10 @@ class ZeroEngine(EngineAccessors):
     def _take_model_step(self, lr_kwargs: dict | None) -> None:
         self.strategy.wait_for_step()   # the previous step's background update (overlap_step)
         self.strategy.prepare_master_grads()
+        total = self.strategy.grad_square_sum() if self._norm_may_stay_on_device() else None
+        if total is not None:
+            self._step_without_sync(total, lr_kwargs)
+            return
         stats = self.strategy.grad_norm_and_overflow()
         scale = self.get_loss_scale()
         in_background = False   # overlap_step: the strategy runs the update (and its zero_grad) itself
@@ -210,14 +214,39 @@ class ZeroEngine(EngineAccessors):
             if not in_background:
                 self.optimizer.step()
                 self.strategy.after_optimizer_step()
-            if self.loss_scaler is not None:
-                self.loss_scaler.update(False)
-            if self.lr_scheduler is not None:
-                self.lr_scheduler.step(**(lr_kwargs or {}))
-            self._global_grad_norm = norm
-            self._step_applied = True
+            self._after_update(norm, lr_kwargs)
         if not in_background:
             self.strategy.zero_grad()
+        self._count_step()
+
+    def _norm_may_stay_on_device(self) -> bool:
+        """Whether this step needs no host sync: bf16 without ``check_grad_overflow`` (a non-finite
+        norm never skips the step) and no loss scaler, and an optimizer that takes its gradients
+        on the device (an offloaded CPU Adam needs the factor as a number)."""
+        return (self.loss_scaler is None and self.precision.param_dtype == torch.bfloat16
+                and not self.config.bf16.check_grad_overflow and self.strategy.masters_on_device)
+
+    def _step_without_sync(self, total: torch.Tensor, lr_kwargs: dict | None) -> None:
+        """The step of ``_take_model_step`` with the clip factor kept on the device: the same
+        arithmetic (an infinite norm zeroes the gradients), and the norm read only when asked for."""
+        clip = self.config.gradient_clipping
+        if clip > 0:
+            self.strategy.scale_master_grads(clip_factor(total, 1.0, clip))
+        self.optimizer.step()
+        self.strategy.after_optimizer_step()
+        self._after_update(DeviceNorm(total), lr_kwargs)
+        self.strategy.zero_grad()
+        self._count_step()
+
+    def _after_update(self, norm, lr_kwargs: dict | None) -> None:
+        if self.loss_scaler is not None:
+            self.loss_scaler.update(False)
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step(**(lr_kwargs or {}))
+        self._global_grad_norm = norm
+        self._step_applied = True
+
+    def _count_step(self) -> None:
         self.global_steps += 1
         self.global_samples += self.train_batch_size()
 
@@ -233,13 +262,15 @@ class ZeroEngine(EngineAccessors):
             self.monitor.log(f"non-finite gradients (inf/NaN) at step {self.global_steps + 1}: step skipped")
 
     def _report(self) -> None:
+        every = self.config.steps_per_print
+        printing = bool(every) and self.global_steps % every == 0
         loss = None
-        if self._loss_sum is not None:
+        # the loss is read (a host sync) only for a step that prints or records it
+        if self._loss_sum is not None and (printing or self.monitor.records):
             loss = float(self._loss_sum.item()) / max(1, self._loss_count)
             if not math.isfinite(loss):
                 self.monitor.warn(f"loss is {loss} at step {self.global_steps}")
         self._loss_sum, self._loss_count = None, 0
-        every = self.config.steps_per_print
         values = {"Train/Samples/lr": self.get_lr()[0]}
         if loss is not None:
             values["Train/Samples/train_loss"] = loss

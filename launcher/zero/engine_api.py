@@ -67,7 +67,8 @@ class EngineAccessors:
         return self.config.fp16.loss_scale
 
     def get_global_grad_norm(self) -> float | None:
-        return self._global_grad_norm
+        norm = self._global_grad_norm
+        return norm.value() if hasattr(norm, "value") else norm   # a sync-free step keeps it on the device
 
     def was_step_applied(self) -> bool:
         return self._step_applied

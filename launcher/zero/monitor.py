@@ -105,6 +105,11 @@ class Monitor:
                 path = os.path.join(config.tensorboard.output_path or "runs", config.tensorboard.job_name)
                 self.tensorboard = SummaryWriter(log_dir=path)
 
+    @property
+    def records(self) -> bool:
+        """Whether ``events`` writes anywhere (so the engine reads the loss for it)."""
+        return self.rank == 0 and (self.csv_dir is not None or self.tensorboard is not None)
+
     def log(self, text: str) -> None:
         if self.rank == 0:
             print(f"[zero] {text}", file=self.out, flush=True)

@@ -18,6 +18,9 @@ def with_tensor_parallel_norm(strategy_cls: type, model_group, sharded_names: se
     """A subclass of ``strategy_cls`` whose ``grad_norm_and_overflow`` spans the data and tensor axes."""
 
     class TensorParallelStrategy(strategy_cls):
+        def grad_square_sum(self):
+            return None   # two axes: the engine asks grad_norm_and_overflow below
+
         def grad_norm_and_overflow(self) -> GradStats:
             device = self.context.dist.device
             totals = torch.zeros(3, dtype=torch.float64, device=device)   # sharded, replicated, non-finite

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from launcher.zero.stages.base import square_sum
+
 
 def host_copy(source: torch.Tensor, dtype: torch.dtype, pin: bool) -> torch.Tensor:
     """A host tensor holding ``source`` as ``dtype``; page-locked when asked and a GPU exists."""
@@ -41,6 +43,10 @@ class OnDevice:
     def takes_factor(self, factor: float) -> bool:
         """Whether the optimizer applies the step's unscale/clip factor itself (else the grads are scaled)."""
         return False
+
+    def take_square_sum(self) -> torch.Tensor | None:
+        """The gradients' square sum if ``give_grads`` already measured it (once), else None."""
+        return None
 
     def bucket_numel(self, configured: int) -> int:
         """The gradient bucket size to use (``reduce_bucket_size`` unless the placement needs less)."""
@@ -97,6 +103,7 @@ class OnHost(OnDevice):
         self.overlap = None          # a StepOverlap, set by the strategy when overlap_step is on
         self.double_buffer = bool(offload is not None and offload.overlap_step)
         self.spare_grads: list[torch.Tensor] = []
+        self.measured: torch.Tensor | None = None   # the square sum give_grads measured
 
     def build(self, weights: torch.Tensor, may_alias: bool) -> tuple[torch.Tensor, bool]:
         master = host_copy(weights, self.context.precision.master_dtype, self.pin)
@@ -131,7 +138,14 @@ class OnHost(OnDevice):
             if self.filled[position] != self.expected[position]:
                 self._copy_whole(grad, host)
             master.grad = host
+        # the norm's kernels queue behind the backward now, beside the last copies to the host
+        self.measured = sum((square_sum(grad) for grad in owned if grad.numel()), torch.zeros((), dtype=torch.float64,
+                            device=owned[0].device if owned else None))
         self._wait()
+
+    def take_square_sum(self) -> torch.Tensor | None:
+        measured, self.measured = self.measured, None
+        return measured
 
     def norm_grads(self, masters: list[torch.Tensor]) -> list[torch.Tensor]:
         return list(self.owned)

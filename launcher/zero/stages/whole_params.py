@@ -41,6 +41,10 @@ class WholeParamsStrategy(ZeroStrategy):
         self.placement = self.placement_policy(context)
 
     @property
+    def masters_on_device(self) -> bool:
+        return not isinstance(self.placement, OnHost)
+
+    @property
     def partitioned_grads(self) -> bool:
         """Norms need a sum over ranks: sharded masters, or local grads (the optimizer communicates)."""
         return self.partitioning.sharded or not self.context.reduce_gradients
@@ -176,6 +180,10 @@ class WholeParamsStrategy(ZeroStrategy):
 
     def norm_grads(self) -> list[torch.Tensor | None]:
         return self.placement.norm_grads(self.masters)
+
+    def local_square_sum(self) -> torch.Tensor:
+        measured = self.placement.take_square_sum()   # offload measures while the last copies land
+        return measured if measured is not None else super().local_square_sum()
 
     def scale_master_grads(self, factor: float) -> None:
         if not self.placement.takes_factor(factor):

@@ -1,0 +1,53 @@
+"""Stage 3's global gradient norm, as a square-sum tensor on the device (no host sync).
+
+Each group's flat gradient is measured once in float32; a persistent parameter (whole on every
+rank) is counted on rank 0 alone. With offload and one contribution per shard, the partitioned
+squares were already summed on the device as the shards were copied out (strategy.py).
+An inf or NaN anywhere makes the sum non-finite, which is the overflow flag.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def square_sum(strategy) -> torch.Tensor:
+    """The sum of squares of ``strategy``'s master grads over all ranks (0-dim float64)."""
+    ctx = strategy.context
+    if strategy.offload_optimizer and strategy._norm_on_device and ctx.dist.device.type == "cuda":
+        return _from_device(strategy)
+    device = strategy.masters[0].device if strategy.masters else ctx.dist.device
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for master, slots in zip(strategy.masters, strategy.group_slots):
+        if master.grad is None or master.grad.numel() == 0:
+            continue
+        grad = master.grad.detach()
+        total = total + torch.linalg.vector_norm(grad, dtype=torch.float32).double().square()
+        if ctx.dist.rank != 0:   # rank 0 alone accounts for the parameters every rank holds whole
+            total = total - pieces_square_sum([grad[s.offset:s.offset + s.length] for s in slots if s.persistent],
+                                              total.device)
+    if ctx.dist.world_size > 1:
+        total = total.to(ctx.dist.device)
+        dist.all_reduce(total, group=ctx.dist.group)
+    return total
+
+
+def _from_device(strategy) -> torch.Tensor:
+    """The partitioned squares summed on the device during backward, plus (rank 0) the persistent ones."""
+    ctx = strategy.context
+    total = torch.as_tensor(strategy._device_squares, dtype=torch.float64, device=ctx.dist.device).reshape(())
+    if ctx.dist.rank == 0:
+        pieces = [master.grad[slot.offset:slot.offset + slot.length]
+                  for master, slots in zip(strategy.masters, strategy.group_slots) if master.grad is not None
+                  for slot in slots if slot.persistent]
+        total = total + pieces_square_sum(pieces, total.device).to(ctx.dist.device)
+    if ctx.dist.world_size > 1:
+        dist.all_reduce(total, group=ctx.dist.group)
+    return total
+
+
+def pieces_square_sum(pieces: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The float64 sum of squares of ``pieces`` (a float32 norm each, in one foreach call)."""
+    if not pieces:
+        return torch.zeros((), dtype=torch.float64, device=device)
+    return torch.stack(torch._foreach_norm(pieces)).double().square().sum()
