@@ -24,7 +24,9 @@ from launcher.zero.stages.stage3 import params as P
 from launcher.zero.stages.stage3.comm import reduce_scatter_shard
 from launcher.zero.stages.stage3.coordinator import ParamCoordinator, Stage3Options
 from launcher.zero.stages.stage3.layout import Stage3Slot, choose_persistent, plan_group
-from launcher.zero.stages.base import Fragment, GradStats, ZeroStrategy
+from launcher.zero.stages.stage3.norm import square_sum
+from launcher.zero.stages.stage3.state import Stage3State
+from launcher.zero.stages.base import ZeroStrategy
 
 
 def stage3_options(zero) -> Stage3Options:
@@ -41,11 +43,15 @@ def host_buffer(numel: int, dtype: torch.dtype, pin: bool) -> torch.Tensor:
     return torch.zeros(numel, dtype=dtype, pin_memory=pin)
 
 
-class Stage3Strategy(ZeroStrategy):
+class Stage3Strategy(Stage3State, ZeroStrategy):
     """Partitioned parameters gathered per module; see the module docstring."""
 
     stage = 3
     partitioned_grads = True
+
+    @property
+    def masters_on_device(self) -> bool:
+        return not self.offload_optimizer
 
     # ---- set-up ---------------------------------------------------------------------------
     def setup(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -68,6 +74,7 @@ class Stage3Strategy(ZeroStrategy):
         self.param_shapes = {n: tuple(P.full_shape(p)) for n, p in module.named_parameters()}
         self.aliased = True
         self.group_slots: list[list[Stage3Slot]] = []
+        self.flat_params: list[torch.Tensor | None] = []   # per group, see _flatten_params
         self.group_params: list[list[torch.nn.Parameter]] = []
         self.masters: list[torch.Tensor] = []
         self.grads: list[torch.Tensor] = []
@@ -84,6 +91,8 @@ class Stage3Strategy(ZeroStrategy):
             self.grads.append(host_buffer(total, grad_dtype, pin) if grad_device.type == "cpu" and pin
                               else torch.zeros(total, dtype=grad_dtype, device=grad_device))
             optimizer.param_groups[index]["params"] = [master]
+        cuda = ctx.dist.device.type == "cuda" and torch.cuda.is_available()
+        self._copy_stream = torch.cuda.Stream(device=ctx.dist.device) if cuda and self.offload_optimizer else None
         self.coordinator = ParamCoordinator(module, self.options)
         self.coordinator.install()
         self._overlap_helper = None
@@ -198,7 +207,27 @@ class Stage3Strategy(ZeroStrategy):
         aliased = all((p.data if s.persistent else p.ds_state.shard).untyped_storage().data_ptr()
                       == master.untyped_storage().data_ptr() for p, s in zip(params, slots))
         self.aliased = getattr(self, "aliased", True) and aliased
+        self.flat_params.append(None if aliased else self._flatten_params(params, slots, total))
         return master
+
+    def _flatten_params(self, params, slots, total: int) -> torch.Tensor | None:
+        """One model-dtype buffer laid out like the master, holding the group's shards and
+        persistent parameters as views, so the step writes it back with one copy per range
+        instead of one per parameter. None where the shards live elsewhere (offload_param)."""
+        device = self.context.dist.device
+        tensors = [p.data if slot.persistent else p.ds_state.shard for p, slot in zip(params, slots)]
+        if not tensors or any(t.device != device or t.dtype != tensors[0].dtype for t in tensors):
+            return None
+        flat = torch.empty(total, dtype=tensors[0].dtype, device=device)
+        with torch.no_grad():
+            for p, slot, tensor in zip(params, slots, tensors):
+                view = flat[slot.offset:slot.offset + slot.length]
+                view[:tensor.numel()].copy_(tensor.reshape(-1))
+                if slot.persistent:
+                    p.data = view.view(slot.shape)
+                else:
+                    p.ds_state.shard = p.ds_tensor = view
+        return flat
 
     # ---- backward -------------------------------------------------------------------------
     def _on_grad(self, position: int, slot_index: int) -> None:
@@ -254,13 +283,15 @@ class Stage3Strategy(ZeroStrategy):
             elif key not in self._touched:
                 # the first contribution this step: measured here, on the device, for the norm
                 self._device_squares = self._device_squares + torch.linalg.vector_norm(out.float()).square()
-                target.copy_(out, non_blocking=True)   # pinned: overlaps the rest of backward
+                self._copy_to_host(target, out)
             else:
                 self._norm_on_device = False            # accumulated on the host: measure it there
                 staged.append((target, out.to(device=target.device, non_blocking=True)))
             self._touched.add(key)
         self._keep_alive = []     # the padded inputs can go once their collectives were waited for
         if staged and torch.cuda.is_available():
+            if self._copy_stream is not None:
+                self._copy_stream.synchronize()         # a first contribution may still be landing
             torch.cuda.current_stream().synchronize()   # the host adds read the copies
         for target, host in staged:
             target.add_(host)
@@ -272,34 +303,47 @@ class Stage3Strategy(ZeroStrategy):
             self._reduce_persistent()
 
     def _reduce_persistent(self) -> None:
-        """All-reduce the whole gradients of persistent parameters once per boundary, in one buffer."""
+        """All-reduce the whole gradients of persistent parameters once per boundary, in one buffer,
+        then add them into the group gradients with one copy (to the host with offload) and one
+        foreach add: no per-parameter copies or host syncs."""
         ctx = self.context
         pairs = [(p, position, slot) for position, params in enumerate(self.group_params)
                  for p, slot in zip(params, self.group_slots[position]) if slot.persistent]
         if not pairs:
             return
-        flat = torch.zeros(sum(s.numel for _, _, s in pairs), dtype=ctx.precision.comm_dtype, device=ctx.dist.device)
-        offset = 0
-        for p, _, slot in pairs:
-            if p.grad is not None:
-                flat[offset:offset + slot.numel].copy_(p.grad.reshape(-1))
-            offset += slot.numel
+        flat = torch.cat([p.grad.reshape(-1).to(ctx.precision.comm_dtype) if p.grad is not None
+                          else torch.zeros(slot.numel, dtype=ctx.precision.comm_dtype, device=ctx.dist.device)
+                          for p, _, slot in pairs])
         if ctx.dist.world_size > 1 and ctx.reduce_gradients:
             if self.pre_scale != 1.0:
                 flat.mul_(self.pre_scale)
             dist.all_reduce(flat, group=ctx.dist.group)
             if self.post_scale != 1.0:
                 flat.mul_(self.post_scale)
-        offset = 0
-        for p, position, slot in pairs:
-            target = self.grads[position][slot.offset:slot.offset + slot.numel]
-            target.add_(flat[offset:offset + slot.numel].to(device=target.device, dtype=target.dtype))
+        grads = self.grads[0]
+        flat = flat.to(device=grads.device, dtype=grads.dtype)   # one copy (synchronous to the host)
+        targets = [self.grads[position][slot.offset:slot.offset + slot.numel] for _, position, slot in pairs]
+        torch._foreach_add_(targets, list(flat.split([slot.numel for _, _, slot in pairs])))
+        for p, _, _ in pairs:
             p.grad = None
-            offset += slot.numel
 
     # ---- the step -------------------------------------------------------------------------
+    def _copy_to_host(self, target: torch.Tensor, out: torch.Tensor) -> None:
+        """Device gradient -> pinned host shard on the copy stream, so it overlaps the backward's
+        kernels instead of queueing between them (``prepare_master_grads`` waits for it)."""
+        stream = self._copy_stream
+        if stream is None:
+            target.copy_(out, non_blocking=True)
+            return
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            target.copy_(out, non_blocking=True)
+        out.record_stream(stream)   # its memory is reused only after the copy
+
     def prepare_master_grads(self) -> None:
         if self._copies_overwrite:
+            if self._copy_stream is not None:
+                self._copy_stream.synchronize()
             torch.cuda.current_stream().synchronize()   # the gradient copies to the host have landed
             for position, (grad, slots) in enumerate(zip(self.grads, self.group_slots)):
                 for index, slot in enumerate(slots):   # a shard no gradient reached this step
@@ -312,49 +356,9 @@ class Stage3Strategy(ZeroStrategy):
     def master_tensors(self) -> list[torch.Tensor]:
         return list(self.masters)
 
-    def grad_norm_and_overflow(self) -> GradStats:
-        """Like the base, but a persistent parameter (whole on every rank) is counted once.
-
-        One fp32 norm per group (no float64 copy of the gradients); an inf or NaN anywhere makes
-        that norm non-finite, which is the overflow flag.
-        """
-        ctx = self.context
-        if self.offload_optimizer and self._norm_on_device and ctx.dist.device.type == "cuda":
-            return self._norm_from_device()
-        total = torch.zeros((), dtype=torch.float64)
-        for master, slots in zip(self.masters, self.group_slots):
-            if master.grad is None or master.grad.numel() == 0:
-                continue
-            grad = master.grad.detach()
-            total += float(torch.linalg.vector_norm(grad)) ** 2
-            if ctx.dist.rank != 0:   # rank 0 alone accounts for the parameters every rank holds whole
-                for slot in slots:
-                    if slot.persistent:
-                        total -= float(torch.linalg.vector_norm(grad[slot.offset:slot.offset + slot.length])) ** 2
-        if ctx.dist.world_size > 1:
-            on_device = total.to(ctx.dist.device)
-            dist.all_reduce(on_device, group=ctx.dist.group)
-            total = on_device.cpu()
-        squared = float(total)
-        overflow = not (squared == squared and squared != float("inf"))
-        return GradStats(norm=float("inf") if overflow else max(0.0, squared) ** 0.5, overflow=overflow)
-
-    def _norm_from_device(self) -> GradStats:
-        """Offload, one contribution per shard: the partitioned squares were summed on the device
-        as the shards were copied out; the persistent (whole) parameters add theirs once (rank 0)."""
-        ctx = self.context
-        total = torch.as_tensor(self._device_squares, dtype=torch.float64, device=ctx.dist.device).reshape(())
-        if ctx.dist.rank == 0:
-            for master, slots in zip(self.masters, self.group_slots):
-                for slot in slots:
-                    if slot.persistent and master.grad is not None:
-                        piece = master.grad[slot.offset:slot.offset + slot.length]
-                        total = total + float(torch.linalg.vector_norm(piece)) ** 2
-        if ctx.dist.world_size > 1:
-            dist.all_reduce(total, group=ctx.dist.group)
-        squared = float(total)
-        overflow = not (squared == squared and squared != float("inf"))
-        return GradStats(norm=float("inf") if overflow else max(0.0, squared) ** 0.5, overflow=overflow)
+    def grad_square_sum(self) -> torch.Tensor:
+        """Like the base, but a persistent parameter (whole on every rank) is counted once (norm.py)."""
+        return square_sum(self)
 
     def scale_master_grads(self, factor: float) -> None:
         if self.offload_optimizer and hasattr(self.optimizer, "grad_factor"):
@@ -366,9 +370,20 @@ class Stage3Strategy(ZeroStrategy):
         for position, slots in enumerate(self.group_slots):
             self.copy_slots(position, 0, len(slots))
 
+    STAGE_NUMEL = 1 << 25   # host masters reach the device in pieces of 128 MiB of fp32
+
     def copy_slots(self, position: int, first: int, last: int) -> None:
         """Updated master -> slots [first, last) of group ``position`` (shards, persistent params)."""
         params, slots, master = self.group_params[position], self.group_slots[position], self.masters[position]
+        flat = self.flat_params[position]
+        if flat is not None:   # one range: from pinned host memory, asynchronous, cast on the device
+            if first < last:
+                low, high = slots[first].offset, slots[last - 1].offset + slots[last - 1].length
+                with torch.no_grad():
+                    for start in range(low, high, self.STAGE_NUMEL):
+                        end = min(high, start + self.STAGE_NUMEL)
+                        flat[start:end].copy_(master[start:end].to(flat.device, non_blocking=True))
+            return
         with torch.no_grad():
             for p, slot in zip(params[first:last], slots[first:last]):
                 view = master[slot.offset:slot.offset + slot.length]
@@ -390,72 +405,15 @@ class Stage3Strategy(ZeroStrategy):
         self._device_squares, self._norm_on_device = 0.0, True
         for master, grad, slots in zip(self.masters, self.grads, self.group_slots):
             if self._copies_overwrite:   # a shard's first copy overwrites: zero only what adds up
-                for slot in slots:
-                    if slot.persistent:
-                        grad[slot.offset:slot.offset + slot.length].zero_()
+                pieces = [grad[slot.offset:slot.offset + slot.length] for slot in slots if slot.persistent]
+                if pieces:
+                    torch._foreach_zero_(pieces)
             else:
                 grad.zero_()
             master.grad = None
         for params in self.group_params:
             for p in params:
                 p.grad = None
-
-    # ---- checkpoints ----------------------------------------------------------------------
-    def fragments(self) -> list[Fragment]:
-        found = []
-        for position, (slots, master) in enumerate(zip(self.group_slots, self.masters)):
-            index = self._group_index(position)
-            for slot in slots:
-                if slot.covered > 0:
-                    found.append(Fragment(name=slot.name, group=index, master=master, master_offset=slot.offset,
-                                          param_start=slot.param_start, numel=slot.covered, shape=slot.shape))
-        return found
-
-    def _group_index(self, position: int) -> int:
-        masters = {id(m): i for i, g in enumerate(self.optimizer.param_groups) for m in g["params"]}
-        return masters[id(self.masters[position])]
-
-    def module_state_dict(self) -> dict[str, Any]:
-        """The full state dict, gathered parameter by parameter (collective: call on every rank)."""
-        gathered: dict[int, torch.Tensor] = {}
-        for p in self.module.parameters():
-            if P.is_partitioned(p):
-                self.coordinator.fetch([p])
-                gathered[id(p)] = p.detach().clone()
-                self.coordinator.release(p)
-        # state_dict(keep_vars=True) names every alias of a tied parameter; map them by identity
-        return {key: gathered[id(value)] if id(value) in gathered else value.detach().clone()
-                for key, value in self.module.state_dict(keep_vars=True).items()}
-
-    def load_module_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
-        params = dict(self.module.named_parameters())
-        buffers = dict(self.module.named_buffers())
-        missing = [k for k in list(params) + list(buffers) if k not in state]
-        if strict and missing:
-            raise ConfigError(f"load_module_state_dict: missing keys {missing[:5]}",
-                              hint="load a checkpoint of the same model, or pass load_module_strict=False")
-        with torch.no_grad():
-            for name, p in params.items():
-                if name not in state:
-                    continue
-                value = state[name].to(device=self.context.dist.device)
-                if P.is_partitioned(p):
-                    P.update_shard_from_full(p, value.to(p.ds_state.shard.dtype))
-                else:
-                    p.data.copy_(value.view_as(p.data))
-            for name, b in buffers.items():
-                if name in state:
-                    b.data.copy_(state[name])
-        self._refresh_masters_from_params()
-
-    def _refresh_masters_from_params(self) -> None:
-        with torch.no_grad():
-            for params, slots, master in zip(self.group_params, self.group_slots, self.masters):
-                for p, slot in zip(params, slots):
-                    source = p.data.reshape(-1) if slot.persistent else p.ds_state.shard
-                    view = master[slot.offset:slot.offset + slot.length]
-                    if source.data_ptr() != view.data_ptr():
-                        view.copy_(source)
 
     # ---- reporting ------------------------------------------------------------------------
     def destroy(self) -> None:
@@ -479,15 +437,3 @@ class Stage3Strategy(ZeroStrategy):
         masters = 0 if self.aliased else sum(nbytes(m) for m in self.masters)
         return {"parameters": shards + whole, "gradients": sum(nbytes(g) for g in self.grads),
                 "master_weights": masters, "optimizer_states": self.optimizer_state_bytes()}
-
-    # ---- 16-bit save ----------------------------------------------------------------------
-    def gathered_16bit_state_dict(self) -> dict[str, Any] | None:
-        """For ``engine.save_16bit_model``: the consolidated model-dtype state dict; collective.
-
-        Returns None (on every rank, nothing gathered) unless
-        ``stage3_gather_16bit_weights_on_model_save`` is set: DeepSpeed then saves nothing and
-        returns False, instead of writing a file of empty placeholders.
-        """
-        if not self.context.config.zero_optimization.stage3_gather_16bit_weights_on_model_save:
-            return None
-        return self.module_state_dict()
