@@ -32,15 +32,16 @@ BATCH, STEPS, LR, WEIGHT_DECAY, BETAS, EPS, CLIP = 4, 6, 1e-3, 0.1, (0.9, 0.95),
 FP16_SCALE_POWER = 12
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 ALL_CASES = [f"zero{s}-{p}" for s in range(4) for p in ("bf16", "fp16")] + [
-    "zero2_offload-bf16", "zero3_offload-bf16"]
+    "zero2_offload-bf16", "zero3_offload-bf16", "zero2_offload_overlap-bf16", "zero3_offload_overlap-bf16"]
 # negative controls: the engine trains with a learning rate 5% off; the bounds must catch it
 CONTROL_CASES = ["zero2-bf16-lrx1.05", "zero2_offload-bf16-lrx1.05"]
 
 
-def engine_config(stage: int, precision: str, offload: bool, lr: float = LR) -> dict:
+def engine_config(stage: int, precision: str, offload: bool, lr: float = LR, overlap: bool = False) -> dict:
     zero: dict = {"stage": stage, "reduce_bucket_size": 20000}  # several buckets even when tiny
     if offload:
-        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available(),
+                                     "overlap_step": overlap}
     config = {"train_micro_batch_size_per_gpu": BATCH, "gradient_accumulation_steps": 1,
               "gradient_clipping": CLIP, "zero_optimization": zero, "steps_per_print": 10**9,
               "optimizer": {"type": "AdamW", "params": {"lr": lr, "betas": list(BETAS), "eps": EPS,
@@ -121,7 +122,7 @@ def run_case(case: str, device: torch.device) -> dict:
 
     variant, precision, *control = case.split("-")
     lr = LR * (float(control[0][3:]) if control else 1.0)
-    stage, offload = int(variant[4]), variant.endswith("_offload")
+    stage, offload, overlap = int(variant[4]), "_offload" in variant, variant.endswith("_overlap")
     dtype = DTYPES[precision]
     torch.manual_seed(0)
     model = GPT(MODEL).to(device)
@@ -131,7 +132,7 @@ def run_case(case: str, device: torch.device) -> dict:
     ref_losses, ref_state, ref_masters, ref_skipped = reference(
         model, dtype, data, scale, torch.device("cpu") if offload else device)
 
-    engine, _, _, _ = zero.initialize(model=model, config=engine_config(stage, precision, offload, lr),
+    engine, _, _, _ = zero.initialize(model=model, config=engine_config(stage, precision, offload, lr, overlap),
                                       process_group=dist.group.WORLD)
     losses = []
     for step in range(STEPS):

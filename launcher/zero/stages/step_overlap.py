@@ -19,11 +19,27 @@ exception the worker thread hit.
 from __future__ import annotations
 
 import bisect
+import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 import torch
+
+
+def step_threads() -> int:
+    """Threads for the background step's CPU Adam: one core fewer than this process may use,
+    so the training thread, which launches the forward's kernels meanwhile, keeps a core of its
+    own (a busy core delays the kernel launches, and one straggler delays each chunk's update).
+    ``DSLAUNCH_CPU_ADAM_THREADS`` sets the number."""
+    configured = os.environ.get("DSLAUNCH_CPU_ADAM_THREADS", "").strip()
+    if configured.isdigit() and int(configured) > 0:
+        return int(configured)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return max(1, cores - 1)
 
 
 class StepOverlap:
@@ -39,6 +55,7 @@ class StepOverlap:
         self._marks: list[int] = []
         self._events: list[list[tuple[int, object]]] = []
         self._streams: list = []
+        self._done: list = []          # an event per stream, recorded when the step's work ended
         self._worker: int | None = None
         #: a side stream for uploads a strategy issues itself (stage 3); None on the CPU
         self.stream = torch.cuda.Stream(device=device) if self.cuda else None
@@ -60,6 +77,7 @@ class StepOverlap:
             self._marks = [0] * positions
             self._events = [[] for _ in range(positions)]
             self._streams = []
+            self._done = []
             self._finished = False
         self._future = self._pool.submit(self._run, work)
 
@@ -68,8 +86,13 @@ class StepOverlap:
         try:
             if self.cuda:
                 torch.cuda.set_device(self.device)   # the current device is per thread
+                torch.set_num_threads(step_threads())   # per thread: the training thread keeps its own
             with torch.no_grad():                    # and so is grad mode
                 work()
+            if self.cuda:   # the step's own copies end here; a stream shared with later work runs on
+                self._done = [torch.cuda.Event() for _ in self._streams]
+                for event, stream in zip(self._done, self._streams):
+                    event.record(stream)
         finally:
             with self._cond:
                 self._finished = True
@@ -118,9 +141,11 @@ class StepOverlap:
             return
         future.result()   # re-raises the worker's exception here, once
         if self.cuda:
+            # the step's copies, not the whole stream: stage 1-2 offload also copies the next
+            # backward's gradients to the host on it, which the step's norm need not wait for
             current = torch.cuda.current_stream()
-            for stream in self._streams:
-                current.wait_stream(stream)
+            for event in self._done:
+                current.wait_event(event)
 
     def close(self) -> None:
         """Wait for the step (errors included) and stop the worker thread."""
