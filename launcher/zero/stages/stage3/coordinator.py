@@ -17,12 +17,15 @@ the parameter then belongs to the innermost running module and is released after
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from launcher.zero.stages.stage3 import params as P
+
+_AVAILABLE, _NOT_AVAILABLE = P.AVAILABLE, P.NOT_AVAILABLE
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,11 @@ class _ParamRef:
 
 
 class _GatheringParams(dict):
-    """A module's ``_parameters`` that gathers a released partitioned parameter on read in forward."""
+    """A module's ``_parameters`` that gathers a released partitioned parameter on read in forward.
+
+    A change to the dict (a parameter assigned, deleted or replaced) tells the coordinator, whose
+    cached per-module parameter tuples are then recomputed.
+    """
 
     def __init__(self, items, coordinator: "ParamCoordinator"):
         super().__init__(items)
@@ -54,12 +61,50 @@ class _GatheringParams(dict):
 
     def __getitem__(self, key):
         value = dict.__getitem__(self, key)
-        if value is not None and P.is_partitioned(value) and value.ds_state.status != P.AVAILABLE:
+        state = getattr(value, "ds_state", None)      # None for a plain parameter (and for None)
+        if state is not None and state.status != _AVAILABLE:
             self.coordinator.on_access(value)
         return value
 
     def __reduce__(self):  # copies and pickles of the module get a plain dict
         return (dict, (dict(self),))
+
+    # ---- changes: the coordinator's caches of who owns which parameter are dropped ----------
+    def __setitem__(self, key, value):
+        dict.__setitem__(self, key, value)
+        self.coordinator._parameters_changed()
+
+    def __delitem__(self, key):
+        dict.__delitem__(self, key)
+        self.coordinator._parameters_changed()
+
+    def __ior__(self, other):
+        dict.update(self, other)
+        self.coordinator._parameters_changed()
+        return self
+
+    def update(self, *args, **kwargs):
+        dict.update(self, *args, **kwargs)
+        self.coordinator._parameters_changed()
+
+    def setdefault(self, key, default=None):
+        value = dict.setdefault(self, key, default)
+        self.coordinator._parameters_changed()
+        return value
+
+    def pop(self, *args):
+        value = dict.pop(self, *args)
+        self.coordinator._parameters_changed()
+        return value
+
+    def popitem(self):
+        item = dict.popitem(self)
+        self.coordinator._parameters_changed()
+        return item
+
+    def clear(self):
+        dict.clear(self)
+        self.coordinator._parameters_changed()
 
 
 def _own_partitioned(module: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -67,7 +112,18 @@ def _own_partitioned(module: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 
 class ParamCoordinator:
-    """Installs the hooks on a module tree and keeps the order modules ran in."""
+    """Installs the hooks on a module tree and keeps the order modules ran in.
+
+    Host cost: each hooked module's own partitioned parameters are computed once (``install``)
+    into ``_own`` (dropped whenever a hooked module's ``_parameters`` changes); once the order is
+    recorded, ``_at`` holds them per trace position. A prefetch resumes at a frontier instead of
+    rescanning modules whose parameters are all gathered or inflight already: ``_frontier`` in
+    forward (no module strictly between ``position`` and it has a released parameter) and
+    ``_back_frontier`` in backward (the same strictly between it and ``backward_position``).
+    ``release`` moves a frontier back to a module whose parameter it releases, and the frontiers
+    reset at each root forward and where backward starts (the end of the root forward), so
+    the same parameters are fetched at the same times as by a scan from the start.
+    """
 
     def __init__(self, root: torch.nn.Module, options: Stage3Options):
         self.root = root
@@ -86,11 +142,20 @@ class ParamCoordinator:
         self._in_forward = False
         #: whether a parameter may be gathered without waiting (prefetch stops at the first that may not)
         self.ready = None
+        # host-cost caches, see the class docstring
+        self._own: dict[int, tuple[torch.nn.Parameter, ...]] = {}    # id(module) -> own partitioned params
+        self._at: list[tuple[torch.nn.Parameter, ...]] | None = None  # per trace position, once recorded
+        self._where: dict[int, tuple[int, ...]] = {}   # id(param) -> the trace positions in _at holding it
+        self._index_of: dict[int, list[int]] = {}      # id(module) -> its trace positions, once recorded
+        self._frontier = 0
+        self._back_frontier = 0
 
     # ---- installation -----------------------------------------------------------------
     def install(self) -> None:
         for module in self.root.modules():
-            if _own_partitioned(module):
+            own = tuple(_own_partitioned(module))
+            if own:
+                self._own[id(module)] = own
                 self._handles.append(module.register_forward_pre_hook(self._before_module))
                 self._handles.append(module.register_forward_hook(self._after_module))
                 module._parameters = _GatheringParams(module._parameters, self)
@@ -113,41 +178,81 @@ class ParamCoordinator:
         if self._frames:
             self._frames[-1].append(p)   # else the root's post-hook releases it with the rest
 
+    # ---- caches ---------------------------------------------------------------------------
+    def _own_params(self, module) -> tuple[torch.nn.Parameter, ...]:
+        """``module``'s own partitioned parameters, from the cache (computed and kept on a miss)."""
+        own = self._own.get(id(module))
+        if own is None:
+            own = self._own[id(module)] = tuple(_own_partitioned(module))
+        return own
+
+    def _parameters_changed(self) -> None:
+        """A hooked module's parameters changed: recompute who owns what when next needed."""
+        self._own.clear()
+        self._at = None
+        self._where = {}
+        self._frontier, self._back_frontier = 0, len(self.trace)   # nothing known: scan in full
+
+    def _trace_params(self) -> list[tuple[torch.nn.Parameter, ...]]:
+        """Per trace position, that module's own partitioned parameters (and ``_where`` to match)."""
+        if self._at is None:
+            self._at = [self._own_params(module) for module in self.trace]
+            where: dict[int, list[int]] = {}
+            for index, own in enumerate(self._at):
+                for p in own:
+                    where.setdefault(id(p), []).append(index)
+            self._where = {key: tuple(value) for key, value in where.items()}
+        return self._at
+
     # ---- gather / release with bookkeeping ------------------------------------------------
     def fetch(self, params, async_op: bool = False) -> None:
         for p in params:
-            if p.ds_state.status == P.NOT_AVAILABLE:
+            state = p.ds_state
+            if state.status == _NOT_AVAILABLE:
                 P.start_gather(p, async_op=async_op)
-                self.live_numel += p.ds_state.numel
+                self.live_numel += state.numel
         if not async_op:
             for p in params:
                 self._finish(p)
 
     def _finish(self, p) -> None:
-        if p.ds_state.status == P.NOT_AVAILABLE:
-            self.live_numel += p.ds_state.numel
+        state = p.ds_state
+        if state.status == _NOT_AVAILABLE:
+            self.live_numel += state.numel
         P.finish_gather(p)
-        if p.ds_state.world_size > 1:   # at world size 1 the "buffer" is the shard itself, never freed
-            self._by_storage[p.ds_state.buffer.untyped_storage().data_ptr()] = p
+        if state.world_size > 1:   # at world size 1 the "buffer" is the shard itself, never freed
+            self._by_storage[state.buffer.untyped_storage().data_ptr()] = p
 
     def release(self, p) -> None:
         state = p.ds_state
-        if state.status == P.NOT_AVAILABLE:
-            P.release(p)      # drops a shape-only placeholder left by the gradient hook
+        if state.status == _NOT_AVAILABLE:
+            # drops a shape-only placeholder left by the gradient hook; a parameter that already
+            # holds what release leaves (1-D, empty, no storage, on its device) would get a new one
+            if (p.numel() != 0 or p.dim() != 1 or p.device != state.device
+                    or p.untyped_storage().nbytes() != 0):
+                P.release(p)
             return
         if state.buffer is not None and state.world_size > 1:
             self._by_storage.pop(state.buffer.untyped_storage().data_ptr(), None)
         self.live_numel -= state.numel
         P.release(p)
+        where = self._where.get(id(p))
+        if where is not None:   # released: a prefetch has to look at its modules again
+            for index in where:
+                if self.position < index < self._frontier:
+                    self._frontier = index
+                if self._back_frontier < index < self.backward_position:
+                    self._back_frontier = index
 
     def release_all(self) -> None:
         for p in self.root.parameters():
-            if P.is_partitioned(p):
+            if getattr(p, "ds_state", None) is not None:
                 self.release(p)
 
     # ---- forward hooks ------------------------------------------------------------------
     def _before_root(self, module, args):
         self.position = 0
+        self._frontier = 0
         self._running: list[int] = []
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._saved_hooks.__enter__()
@@ -162,10 +267,13 @@ class ParamCoordinator:
         if not self.recorded and self.trace:
             self.recorded = True
             self._plan_reuse()
-            for index, traced in enumerate(self.trace):
-                for p in _own_partitioned(traced):
+            for index, own in enumerate(self._trace_params()):
+                for p in own:
                     self._positions.setdefault(id(p), []).append(index)
+            for index, traced in enumerate(self.trace):
+                self._index_of.setdefault(id(traced), []).append(index)
         self.backward_position = len(self.trace)
+        self._back_frontier = len(self.trace)
         self.release_all()
 
     def _before_module(self, module, args):
@@ -176,7 +284,7 @@ class ParamCoordinator:
             self._advance_to(module)
             self._prefetch_after(self.position)
         self._running.append(self.position)
-        self.fetch(_own_partitioned(module))
+        self.fetch(self._own_params(module))
         self._frames.append([])
 
     def _after_module(self, module, args, output):
@@ -185,72 +293,97 @@ class ParamCoordinator:
         position = self._running.pop() if self._running else -1
         if self.recorded and position in self._keep:
             return
-        for p in _own_partitioned(module):
+        for p in self._own_params(module):
             self.release(p)
 
     def _advance_to(self, module) -> None:
         """Find the module in the recorded order from the current position (a changed order just skips)."""
-        for index in range(self.position, len(self.trace)):
-            if self.trace[index] is module:
-                self.position = index
-                return
+        indices = self._index_of.get(id(module))
+        if indices is not None and indices[-1] >= self.position:
+            self.position = indices[bisect_left(indices, self.position)]
 
     def _prefetch_after(self, position: int) -> None:
-        self._prefetch(self.trace[position + 1:])
+        """Forward: fetch the modules after ``position`` (from the first not known to be fetched)."""
+        start = position + 1
+        if self._frontier > start:
+            start = self._frontier
+        if start < len(self.trace):
+            self._frontier = self._prefetch(start, len(self.trace), 1)
 
     def _prefetch_before(self, param) -> None:
         """Backward runs the recorded order in reverse: fetch the modules before ``param``'s."""
-        positions = [i for i in self._positions.get(id(param), ()) if i < self.backward_position]
-        if not positions:
-            return
-        self.backward_position = positions[-1]
-        self._prefetch(reversed(self.trace[:self.backward_position]))
-
-    def _prefetch(self, modules) -> None:
-        budget = self.options.prefetch_bucket_size
-        for module in modules:
-            if budget <= 0:
+        backward_position = self.backward_position
+        for index in reversed(self._positions.get(id(param), ())):
+            if index < backward_position:
                 break
-            for p in _own_partitioned(module):
-                if p.ds_state.status != P.NOT_AVAILABLE:
+        else:
+            return
+        self.backward_position = index
+        start = index - 1
+        if self._back_frontier < start:
+            start = self._back_frontier
+        if start >= 0:
+            self._back_frontier = self._prefetch(start, -1, -1)
+
+    def _prefetch(self, start: int, stop: int, step: int) -> int:
+        """Start the all-gathers of the released parameters of the modules at trace positions
+        ``range(start, stop, step)`` in turn, until ``stage3_prefetch_bucket_size`` elements were
+        started (checked between modules), or up to a parameter that would pass
+        ``stage3_max_live_parameters`` or is not ``ready``. Returns the first position not
+        examined in full (``stop`` when all were)."""
+        at = self._trace_params()
+        budget = self.options.prefetch_bucket_size
+        max_live = self.options.max_live_parameters
+        ready = self.ready
+        for index in range(start, stop, step):
+            if budget <= 0:
+                return index
+            for p in at[index]:
+                state = p.ds_state
+                if state.status != _NOT_AVAILABLE:
                     continue
-                if self.live_numel + p.ds_state.numel > self.options.max_live_parameters:
-                    return
-                if self.ready is not None and not self.ready(p):
-                    return
-                self.fetch([p], async_op=True)
-                budget -= p.ds_state.numel
+                numel = state.numel
+                if self.live_numel + numel > max_live:
+                    return index
+                if ready is not None and not ready(p):
+                    return index
+                P.start_gather(p, async_op=True)
+                self.live_numel += numel
+                budget -= numel
+        return stop
 
     def _plan_reuse(self) -> None:
         """Trace positions after which a module's params stay, as it runs again within the reuse distance."""
         distance = self.options.max_reuse_distance
+        numels = [sum(p.ds_state.numel for p in own) for own in self._trace_params()]
         for index, module in enumerate(self.trace):
             between = 0
-            for later in self.trace[index + 1:]:
-                if later is module:
+            for later in range(index + 1, len(self.trace)):
+                if self.trace[later] is module:
                     if between <= distance:
                         self._keep.add(index)
                     break
-                between += sum(p.ds_state.numel for p in _own_partitioned(later))
+                between += numels[later]
 
     # ---- saved tensors ------------------------------------------------------------------
     def _pack(self, tensor):
-        if P.is_partitioned(tensor):
+        if getattr(tensor, "ds_state", None) is not None:
             return _ParamRef(tensor)
-        if tensor.device.type == "meta" or not self._by_storage:
+        by_storage = self._by_storage
+        if not by_storage or tensor.device.type == "meta":
             return tensor
-        param = self._by_storage.get(tensor.untyped_storage().data_ptr())
+        param = by_storage.get(tensor.untyped_storage().data_ptr())
         if param is None:
             return tensor
         return _ParamRef(param, tensor.size(), tensor.stride(), tensor.storage_offset())
 
     def _unpack(self, saved):
-        if not isinstance(saved, _ParamRef):
+        if type(saved) is not _ParamRef:
             return saved
         p = saved.param
         if self.recorded:
             self._prefetch_before(p)
-        if p.ds_state.status != P.AVAILABLE:
+        if p.ds_state.status != _AVAILABLE:
             self.fetch([p])
         if saved.size is None:
             return p
