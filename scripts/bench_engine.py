@@ -28,16 +28,36 @@ DEFAULT_VARIANTS = ("plain,fsdp2,zero0,zero1,zero2,zero3,zero2_offload,zero3_off
 TIMING_KEYS = ("step_ms_median", "step_ms_min", "tokens_per_s", "tflops", "peak_mem_gib")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--variants", default=DEFAULT_VARIANTS,
-                   help="comma-separated; a name given twice is timed twice (plain,...,plain)")
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    """The benchmark GPT's shape and batch (issue 7's 406M model by default)."""
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--vocab", type=int, default=50304)
     p.add_argument("--batch", type=int, default=16)
+
+
+def device_and_model_config(args):
+    """The first GPU (made current) or the CPU, and the GPTConfig of ``add_model_args``'s values."""
+    import torch
+
+    sys.path[:0] = [p for p in (HERE, REPO) if p not in sys.path]
+    from tests.helpers.gpt import GPTConfig
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    return device, GPTConfig(n_layer=args.layers, n_embd=args.width, n_head=args.heads,
+                             seq_len=args.seq, vocab_size=args.vocab)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--variants", default=DEFAULT_VARIANTS,
+                   help="comma-separated; a name given twice is timed twice (plain,...,plain)")
+    add_model_args(p)
     p.add_argument("--warmup", type=int, default=5, help="untimed steps first")
     p.add_argument("--steps", type=int, default=20, help="timed steps")
     p.add_argument("--grad-clip", type=float, default=1.0, help="0 turns clipping off")
@@ -228,16 +248,12 @@ def main_worker(args) -> int:
     import torch
 
     sys.path[:0] = [HERE, REPO]
-    from tests.helpers.gpt import GPT, GPTConfig, flops_per_token
+    from tests.helpers.gpt import GPT, flops_per_token
     from bench_variants import VARIANTS, Settings, Unavailable
 
     name = args.worker
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    config = GPTConfig(n_layer=args.layers, n_embd=args.width, n_head=args.heads,
-                       seq_len=args.seq, vocab_size=args.vocab)
+    device, config = device_and_model_config(args)
+    cuda = device.type == "cuda"
     common = {"variant": name, "batch": args.batch, "seq": args.seq, "layers": args.layers,
               "width": args.width, "warmup": args.warmup, "steps": args.steps,
               "torch": torch.__version__,

@@ -25,14 +25,12 @@ REPO = os.path.dirname(HERE)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    sys.path.insert(0, HERE)
+    from bench_engine import add_model_args
+
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--variant", required=True)
-    p.add_argument("--layers", type=int, default=24)
-    p.add_argument("--width", type=int, default=1024)
-    p.add_argument("--heads", type=int, default=16)
-    p.add_argument("--seq", type=int, default=1024)
-    p.add_argument("--vocab", type=int, default=50304)
-    p.add_argument("--batch", type=int, default=16)
+    add_model_args(p)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--trace", help="write the profiled steps' Chrome trace here (.json.gz)")
@@ -47,17 +45,14 @@ def main(argv=None) -> int:
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 2000))
-    sys.path[:0] = [HERE, REPO]
+    sys.path.insert(0, REPO)
     import torch
+    from bench_engine import device_and_model_config
     from bench_variants import VARIANTS, Settings
-    from tests.helpers.gpt import GPT, GPTConfig
+    from tests.helpers.gpt import GPT
 
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    config = GPTConfig(n_layer=args.layers, n_embd=args.width, n_head=args.heads,
-                       seq_len=args.seq, vocab_size=args.vocab)
+    device, config = device_and_model_config(args)
+    cuda = device.type == "cuda"
     torch.manual_seed(0)
     with torch.device(device):
         model = GPT(config)
