@@ -277,7 +277,7 @@ class ZeroEngine(EngineAccessors):
         if self.loss_scaler is not None:
             values["Train/Samples/loss_scale"] = self.get_loss_scale()
         self.monitor.events(self.global_samples, values)
-        if every and self.global_steps % every == 0:
+        if printing:
             now, samples = time.perf_counter(), self.global_samples
             then, before = self._last_report
             rate = (samples - before) / max(now - then, 1e-9)

@@ -148,11 +148,7 @@ class ZeroStrategy(ABC):
 
     def local_square_sum(self) -> torch.Tensor:
         """This rank's part of ``grad_square_sum`` (0-dim float64, on the gradients' device)."""
-        grads = [g for g in self.norm_grads() if g is not None and g.numel() > 0]
-        total = torch.zeros((), dtype=torch.float64, device=grads[0].device if grads else self.context.dist.device)
-        for grad in grads:
-            total = total + square_sum(grad)
-        return total
+        return squares_of(self.norm_grads(), self.context.dist.device)
 
     def norm_grads(self) -> list[torch.Tensor | None]:
         """The gradients whose norm is the master grads' norm (offload measures them on the device)."""
@@ -248,6 +244,16 @@ def square_sum(tensor: torch.Tensor) -> torch.Tensor:
     total = torch.zeros((), dtype=torch.float64, device=flat.device)
     for start in range(0, flat.numel(), SQUARE_SUM_CHUNK):
         total = total + torch.linalg.vector_norm(flat[start:start + SQUARE_SUM_CHUNK].double()).square()
+    return total
+
+
+def squares_of(tensors, default_device: torch.device) -> torch.Tensor:
+    """``square_sum`` over every non-empty tensor of ``tensors`` (None entries skipped), on the
+    first one's device (``default_device`` when there is none)."""
+    present = [t for t in tensors if t is not None and t.numel() > 0]
+    total = torch.zeros((), dtype=torch.float64, device=present[0].device if present else default_device)
+    for tensor in present:
+        total = total + square_sum(tensor)
     return total
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from launcher.zero.stages.base import square_sum
+from launcher.zero.stages.base import squares_of
 
 
 def host_copy(source: torch.Tensor, dtype: torch.dtype, pin: bool) -> torch.Tensor:
@@ -139,8 +139,7 @@ class OnHost(OnDevice):
                 self._copy_whole(grad, host)
             master.grad = host
         # the norm's kernels queue behind the backward now, beside the last copies to the host
-        self.measured = sum((square_sum(grad) for grad in owned if grad.numel()), torch.zeros((), dtype=torch.float64,
-                            device=owned[0].device if owned else None))
+        self.measured = squares_of(owned, self.context.dist.device)
         self._wait()
 
     def take_square_sum(self) -> torch.Tensor | None:
