@@ -152,18 +152,19 @@ def last_json_line(text: str) -> dict | None:
 
 
 def format_table(results: list[dict]) -> str:
-    """One human-readable row per variant."""
-    rows = [f"{'variant':<23}{'status':<12}{'median ms':>10}{'min ms':>9}{'tok/s':>10}"
+    """One human-readable row per variant; the name column is as wide as the longest label."""
+    w = max([len("variant")] + [len(r["variant"]) for r in results]) + 2
+    rows = [f"{'variant':<{w}}{'status':<12}{'median ms':>10}{'min ms':>9}{'tok/s':>10}"
             f"{'TFLOP/s':>9}{'peak GiB':>9}{'ratio':>7}{'mem':>6}  target"]
     for r in results:
         if r["status"] != "ok":
-            rows.append(f"{r['variant']:<23}{r['status']:<12}{r.get('reason', '')[:90]}")
+            rows.append(f"{r['variant']:<{w}}{r['status']:<12}{r.get('reason', '')[:90]}")
             continue
         target = ("" if "target_ratio" not in r else
                   f">={r['target_ratio']} {'met' if r['meets_target'] else 'MISSED'}")
         mem = r.get("peak_mem_gib")
         rows.append(
-            f"{r['variant']:<23}{'ok':<12}{r['step_ms_median']:>10.2f}{r['step_ms_min']:>9.2f}"
+            f"{r['variant']:<{w}}{'ok':<12}{r['step_ms_median']:>10.2f}{r['step_ms_min']:>9.2f}"
             f"{r['tokens_per_s']:>10.0f}{r['tflops']:>9.1f}"
             f"{('-' if mem is None else f'{mem:.2f}'):>9}"
             f"{r.get('ratio_vs_plain', float('nan')):>7.3f}{r.get('mem_vs_plain', float('nan')):>6.2f}"
@@ -233,9 +234,11 @@ def main_parent(args, argv: list[str]) -> int:
         print(json.dumps(record), flush=True)
     print(format_table(with_ratios(results, TARGETS)), file=sys.stderr)
     if args.repeat > 1:
-        for row in summarize_repeats(results, TARGETS):
+        summary = summarize_repeats(results, TARGETS)
+        w = max(len(row["variant"]) for row in summary) if summary else 0
+        for row in summary:
             print(json.dumps({"summary": True, **row}), flush=True)
-            print(f"[median of {row['runs_ok']}] {row['variant']:<16} {row['tokens_per_s_median']:>10.0f} tok/s "
+            print(f"[median of {row['runs_ok']}] {row['variant']:<{w}} {row['tokens_per_s_median']:>10.0f} tok/s "
                   f"(spread {row['spread']:.1%}) ratio {row.get('ratio_vs_plain', float('nan')):.3f}"
                   + (f" target >={row['target_ratio']} {'met' if row['meets_target'] else 'MISSED'}"
                      if "target_ratio" in row else ""), file=sys.stderr)

@@ -49,6 +49,17 @@ def test_label_repeats_and_json_line_parsing():
     assert bench_engine.last_json_line("nothing here") is None
 
 
+def test_table_keeps_long_repeat_labels_apart_from_their_status():
+    timing = {"step_ms_median": 170.0, "step_ms_min": 168.0, "tflops": 220.0}
+    results = [dict(_ok("plain", 100.0, 10.0), **timing),
+               dict(_ok("zero2_offload_overlap#2", 60.0, 8.0), **timing),
+               {"variant": "ds_zero3_offload_overlap#3", "status": "unavailable", "reason": "no deepspeed"}]
+    rows = bench_engine.format_table(bench_engine.with_ratios(results, {})).splitlines()
+    assert rows[2].split()[:2] == ["zero2_offload_overlap#2", "ok"]
+    assert rows[3].split()[:2] == ["ds_zero3_offload_overlap#3", "unavailable"]
+    assert len({row.index(row.split()[1]) for row in rows}) == 1   # the status column lines up
+
+
 def test_model_counts_match_issue_7():
     assert round(bench_model.count_params(bench_model.GPTConfig()) / 1e6) == 406
     model = bench_model.GPT(bench_model.TINY)
