@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.zero import failure
-from launcher.zero.config import load_config
+from launcher.zero.config import load_config, no_effect_notes
 from launcher.zero.dist import DistContext, context_from_group, init_distributed
 from launcher.zero.engine import EngineParts, TensorParallelInfo, ZeroEngine
 from launcher.zero.errors import ConfigError
@@ -67,8 +67,8 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     scheduler = _build_scheduler(lr_scheduler, optimizer, cfg)
     scaler = LossScaler(rules_from_config(cfg.fp16, cfg.zero_stage)) if cfg.fp16.enabled else None
     monitor = Monitor(cfg, dist_context.rank)
-    for name in cfg.unsupported:
-        monitor.log(f"config section '{name}' is accepted but has no effect in this engine")
+    for note in no_effect_notes(cfg):
+        monitor.log(note)
     dataloader = _dataloader(training_data, cfg, dist_context, collate_fn)
     engine = ZeroEngine(EngineParts(module=model, optimizer=optimizer, lr_scheduler=scheduler, config=cfg,
                                     dist=dist_context, precision=precision, strategy=strategy,

@@ -192,6 +192,16 @@ def _named(value: Any, key: str) -> NamedConfig:
     return NamedConfig(type=kind, params={k: v for k, v in params.items() if v != "auto"})
 
 
+def no_effect_notes(config: ZeroConfig) -> list[str]:
+    """One line for each setting that loads but changes nothing here, for the engine to print."""
+    notes = [f"config section '{name}' is accepted but has no effect in this engine" for name in config.unsupported]
+    offload = config.zero_optimization.offload_optimizer
+    if config.zero_optimization.offload_optimizer_active and offload.ratio < 1.0:
+        notes.append(f"zero_optimization.offload_optimizer.ratio {offload.ratio} (partial offload) has no effect "
+                     "in this engine: every optimizer state is offloaded, as with ratio 1.0")
+    return notes
+
+
 # ---- rules that involve more than one key ---------------------------------------------------
 def _check_semantics(config: ZeroConfig) -> None:
     if config.fp16.enabled and config.bf16.enabled:

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from launcher.errors import ConfigError as LauncherConfigError
-from launcher.zero.config import load_config, resolve_batch
+from launcher.zero.config import load_config, no_effect_notes, resolve_batch
 from launcher.zero.errors import ConfigError
 
 
@@ -83,6 +83,19 @@ def test_aliases_and_legacy_forms():
     assert c.zero_optimization.offload_optimizer.device == "cpu"
     assert load_config({"train_batch_size": 8, "zero_optimization": True}).zero_stage == 1
     assert "flops_profiler" in load_config({"train_batch_size": 8, "flops_profiler": {"enabled": False}}).unsupported
+
+
+@pytest.mark.parametrize("zero, expected", [
+    ({"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.3}}, ["offload_optimizer.ratio 0.3"]),
+    ({"stage": 3, "offload_optimizer": {"device": "cpu"}}, []),                   # ratio 1.0: all offloaded
+    ({"stage": 3, "offload_optimizer": {"device": "none", "ratio": 0.3}}, []),    # no offload: nothing to split
+])
+def test_settings_that_load_but_change_nothing_are_named(zero, expected):
+    notes = no_effect_notes(load_config({"train_batch_size": 8, "zero_optimization": zero,
+                                         "flops_profiler": {"enabled": False}}))
+    assert notes[0] == "config section 'flops_profiler' is accepted but has no effect in this engine"
+    assert len(notes) == 1 + len(expected)
+    assert all(text in note for text, note in zip(expected, notes[1:]))
 
 
 def test_json_and_yaml_files(tmp_path):
