@@ -38,7 +38,6 @@ setup() {
     fi
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     python3 -c "import os, torch, deepspeed; print('torch', torch.__version__, 'deepspeed', deepspeed.__version__, 'cores', os.cpu_count())"
-    git log -1 --format='code: %h %s' 2>/dev/null || true
     date -u
 }
 
