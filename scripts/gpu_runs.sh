@@ -5,8 +5,9 @@
 #
 #   scripts/gpu_runs.sh speed  OUTDIR   GPU tests, then plain/zero3/fsdp2 and both offloads beside
 #                                       DeepSpeed's, 3 interleaved repeats            (~7 min on an H100)
-#   scripts/gpu_runs.sh sweep  OUTDIR   the background CPU Adam's thread count, then stages 0-2 and
-#                                       the activation-checkpointing peak              (~6 min)
+#   scripts/gpu_runs.sh sweep  OUTDIR   the background CPU Adam's thread count, stages 0-2, a traced
+#                                       step of each offload (trace_summary.py), and the
+#                                       activation-checkpointing peak                  (~8 min)
 #   scripts/gpu_runs.sh capacity OUTDIR the largest GPT each variant trains            (~9 min)
 #   scripts/gpu_runs.sh check  OUTDIR   prints the commands only (no GPU needed)
 #
@@ -59,6 +60,14 @@ case $part in
             --variants plain,zero2_offload_overlap
     done
     run stages012 150 "${bench[@]}" --timeout 45 --variants plain,zero0,zero1,zero2
+    for variant in zero2_offload_overlap zero3_offload_overlap; do   # where each offloaded step goes
+        echo "== trace-$variant: python3 scripts/trace_steps.py --variant $variant --trace \$OUT/trace-$variant.json.gz"
+        if [ "$part" = sweep ]; then
+            timeout 100 python3 scripts/trace_steps.py --variant "$variant" --warmup 3 --steps 4 \
+                --trace "$out/trace-$variant.json.gz" >"$out/trace-$variant.txt" 2>&1
+            python3 scripts/trace_summary.py "$out/trace-$variant.json.gz" --top 6 | tee "$out/trace-$variant.summary"
+        fi
+    done
     echo "== activation-ckpt: python3 scripts/bench_activation_ckpt.py --batch-sizes 16 --steps 3"
     if [ "$part" = sweep ]; then
         timeout 120 python3 scripts/bench_activation_ckpt.py --batch-sizes 16 --steps 3 \

@@ -4,7 +4,7 @@
 Runs one variant of ``bench_variants.py`` (world size 1) on the benchmark GPT and prints, per
 timed step, the device time of the step (CUDA events) beside the host time spent in forward,
 backward and ``step()``. Then it records ``--trace-steps`` steps with torch.profiler (CPU and
-CUDA) and writes the Chrome trace, gzipped, for ``scripts/trace_gaps.py`` to read.
+CUDA) and writes the Chrome trace, gzipped, for ``scripts/trace_summary.py`` to read.
 
     python scripts/trace_steps.py --variant zero2_offload_overlap --trace out/z2o.json.gz
 """

@@ -34,6 +34,8 @@ def test_every_part_names_real_scripts_and_variants(tmp_path):
         argv = command.split("scripts/bench_engine.py", 1)[1].split()
         args = bench_engine.parse_args(argv)
         assert set(args.variants.split(",")) <= set(VARIANTS), command
+    traced = [m for c in commands for m in re.findall(r"--variant (\w+)", c)]
+    assert traced and set(traced) <= set(VARIANTS)
     threads = [int(m) for c in commands for m in re.findall(r"DSLAUNCH_CPU_ADAM_THREADS=(\d+)", c)]
     assert len(threads) >= 3 and len(set(threads)) == len(threads)
 
