@@ -373,9 +373,13 @@ class ZeroEngine(EngineAccessors):
                 print("[zero] save_16bit_model: nothing saved; set zero_optimization."
                       "stage3_gather_16bit_weights_on_model_save to true", flush=True)
             return False
-        if self.dist.rank == 0:
+        if self.dist.rank == 0:   # written aside and renamed: nobody ever reads half a file
             os.makedirs(save_dir, exist_ok=True)
-            torch.save(state, os.path.join(save_dir, save_filename))
+            path = os.path.join(save_dir, save_filename)
+            torch.save(state, path + ".partial")
+            os.replace(path + ".partial", path)
+        if self.dist.world_size > 1:   # every rank returns once the file is there to read
+            torch.distributed.barrier(group=self.dist.group)
         return True
 
     save_fp16_model = save_16bit_model   # DeepSpeed's older name
