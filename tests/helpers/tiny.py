@@ -40,3 +40,16 @@ def reference(world_size, gas, clip, steps, make=make_model, lr=0.05):
         opt.step()
         opt.zero_grad()
     return model
+
+
+def bf16_square_loss_steps(engine, steps, features=16, batch=8, seed=1):
+    """``steps`` engine steps on seeded bf16 inputs with the mean square of the output as the loss;
+    the gradient norm of each step (the loop the offload and sync-free step tests share)."""
+    gen = torch.Generator().manual_seed(seed)
+    norms = []
+    for _ in range(steps):
+        x = torch.randn(batch, features, generator=gen).to(torch.bfloat16)
+        engine.backward(engine(x).float().pow(2).mean())
+        engine.step()
+        norms.append(engine.get_global_grad_norm())
+    return norms

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from launcher import zero
+from tests.helpers.tiny import bf16_square_loss_steps
 
 
 @pytest.fixture(autouse=True)
@@ -24,13 +25,7 @@ def train(stage, offload, steps=3, clip=0.05):
               "zero_optimization": zero_cfg,
               "optimizer": {"type": "AdamW", "params": {"lr": 0.01, "weight_decay": 0.1}}}
     engine, optimizer, _, _ = zero.initialize(model=model, config=config)
-    gen = torch.Generator().manual_seed(1)
-    norms = []
-    for _ in range(steps):
-        x = torch.randn(8, 16, generator=gen).to(torch.bfloat16)
-        engine.backward(engine(x).float().pow(2).mean())
-        engine.step()
-        norms.append(engine.get_global_grad_norm())
+    norms = bf16_square_loss_steps(engine, steps)
     weights = [p.detach().clone() for p in model.parameters()]
     return engine, optimizer, weights, norms
 

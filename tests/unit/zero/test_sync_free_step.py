@@ -12,6 +12,7 @@ import torch
 
 from launcher import zero
 from launcher.zero.stages.base import clip_factor
+from tests.helpers.tiny import bf16_square_loss_steps
 
 
 @pytest.fixture(autouse=True)
@@ -49,13 +50,7 @@ def build(stage, clip, steps_per_print=None, check_overflow=False):
 def run(engine, steps=3, sync_free=True):
     if not sync_free:
         engine._norm_may_stay_on_device = lambda: False
-    gen = torch.Generator().manual_seed(1)
-    norms = []
-    for _ in range(steps):
-        x = torch.randn(8, 16, generator=gen).to(torch.bfloat16)
-        engine.backward(engine(x).float().pow(2).mean())
-        engine.step()
-        norms.append(engine.get_global_grad_norm())
+    norms = bf16_square_loss_steps(engine, steps)
     return [p.detach().clone() for p in engine.module.parameters()], norms
 
 
