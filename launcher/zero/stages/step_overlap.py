@@ -26,6 +26,8 @@ from typing import Callable
 
 import torch
 
+from launcher.zero.optim.cpu_adam import default_num_threads
+
 
 def step_threads() -> int:
     """Threads for the background step's CPU Adam: one core fewer than this process may use,
@@ -35,11 +37,7 @@ def step_threads() -> int:
     configured = os.environ.get("DSLAUNCH_CPU_ADAM_THREADS", "").strip()
     if configured.isdigit() and int(configured) > 0:
         return int(configured)
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    return max(1, cores - 1)
+    return max(1, default_num_threads() - 1)
 
 
 class StepOverlap:
