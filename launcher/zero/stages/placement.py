@@ -20,6 +20,20 @@ def host_copy(source: torch.Tensor, dtype: torch.dtype, pin: bool) -> torch.Tens
     return out
 
 
+STAGE_NUMEL = 1 << 25   # host <-> device copies go in pieces of at most 128 MiB of fp32
+
+
+def copy_in_pieces(target: torch.Tensor, source: torch.Tensor, piece_numel: int = STAGE_NUMEL) -> None:
+    """``target[:] = source`` between host and device, asynchronously, ``piece_numel`` values at a
+    time (the temporaries stay small); a dtype change happens on the device side of the copy, since
+    a cast on the host would cost the host a pass of its own."""
+    for low in range(0, source.numel(), piece_numel):
+        piece = source[low:low + piece_numel]
+        if piece.dtype != target.dtype:
+            piece = piece.to(target.dtype) if piece.device.type != "cpu" else piece.to(target.device, non_blocking=True)
+        target[low:low + piece.numel()].copy_(piece, non_blocking=True)
+
+
 class OnDevice:
     """Masters on the training device."""
 
@@ -88,7 +102,6 @@ class OnHost(OnDevice):
     the next backward's copies never land in the buffer the running step reads.
     """
 
-    STAGE_NUMEL = 1 << 25     # fp32 staging on the device, 128 MiB at a time
     UPLOAD_NUMEL = 1 << 24    # copy updated weights back in runs of at least this many values
 
     def __init__(self, context):
@@ -117,7 +130,7 @@ class OnHost(OnDevice):
     def bucket_numel(self, configured: int) -> int:
         """At most STAGE_NUMEL: a bucket's copy to the host starts when the bucket is reduced, so
         one bucket of the whole model (DeepSpeed's default 5e8) would copy only after backward."""
-        return min(configured, self.STAGE_NUMEL)
+        return min(configured, STAGE_NUMEL)
 
     def grad_ready(self, position: int, offset: int, grad: torch.Tensor) -> None:
         """The owned gradient range at ``offset`` is final for this step: start its copy."""
@@ -156,10 +169,7 @@ class OnHost(OnDevice):
         return self.optimizer_scales
 
     def _copy_whole(self, grad: torch.Tensor, host: torch.Tensor) -> None:
-        for start in range(0, grad.numel(), self.STAGE_NUMEL):
-            piece = grad[start:start + self.STAGE_NUMEL]
-            piece = piece if piece.dtype == host.dtype else piece.to(host.dtype)
-            host[start:start + piece.numel()].copy_(piece, non_blocking=True)
+        copy_in_pieces(host, grad)
 
     def _wait(self) -> None:
         if self.stream is not None:
@@ -192,10 +202,7 @@ class OnHost(OnDevice):
             target.copy_(source)
         else:
             with torch.cuda.stream(self.stream):
-                for low in range(0, end - start, self.STAGE_NUMEL):
-                    piece = source[low:low + self.STAGE_NUMEL]
-                    staged = piece if piece.dtype == target.dtype else piece.to(target.device, non_blocking=True)
-                    target[low:low + piece.numel()].copy_(staged, non_blocking=True)
+                copy_in_pieces(target, source)
         if self.overlap is not None:
             self.overlap.publish(position, end, self.stream)
 

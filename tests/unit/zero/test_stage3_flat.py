@@ -75,3 +75,18 @@ def test_the_background_adam_leaves_the_training_thread_a_core(monkeypatch, env,
     monkeypatch.setenv("DSLAUNCH_CPU_ADAM_THREADS", env)
     cores = len(__import__("os").sched_getaffinity(0))
     assert step_threads() == (expected if expected is not None else max(1, cores - 1))
+
+
+@pytest.mark.parametrize("numel, piece, source_dtype, target_dtype", [
+    (10, 3, torch.float32, torch.bfloat16),    # a last short piece, cast on the way
+    (9, 3, torch.float32, torch.float32),      # whole pieces, no cast
+    (5, 8, torch.bfloat16, torch.float32),     # one piece larger than the tensor
+    (0, 4, torch.float32, torch.bfloat16),
+])
+def test_copy_in_pieces_copies_every_value_once(numel, piece, source_dtype, target_dtype):
+    from launcher.zero.stages.placement import copy_in_pieces
+
+    source = torch.randn(numel).to(source_dtype)
+    target = torch.full((numel,), float("nan"), dtype=target_dtype)
+    copy_in_pieces(target, source, piece)
+    assert torch.equal(target, source.to(target_dtype))

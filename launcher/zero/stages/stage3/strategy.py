@@ -26,6 +26,7 @@ from launcher.zero.stages.stage3.coordinator import ParamCoordinator, Stage3Opti
 from launcher.zero.stages.stage3.layout import Stage3Slot, choose_persistent, plan_group
 from launcher.zero.stages.stage3.norm import square_sum
 from launcher.zero.stages.stage3.state import Stage3State
+from launcher.zero.stages.placement import copy_in_pieces
 from launcher.zero.stages.base import ZeroStrategy
 
 
@@ -370,8 +371,6 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         for position, slots in enumerate(self.group_slots):
             self.copy_slots(position, 0, len(slots))
 
-    STAGE_NUMEL = 1 << 25   # host masters reach the device in pieces of 128 MiB of fp32
-
     def copy_slots(self, position: int, first: int, last: int) -> None:
         """Updated master -> slots [first, last) of group ``position`` (shards, persistent params)."""
         params, slots, master = self.group_params[position], self.group_slots[position], self.masters[position]
@@ -380,9 +379,7 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
             if first < last:
                 low, high = slots[first].offset, slots[last - 1].offset + slots[last - 1].length
                 with torch.no_grad():
-                    for start in range(low, high, self.STAGE_NUMEL):
-                        end = min(high, start + self.STAGE_NUMEL)
-                        flat[start:end].copy_(master[start:end].to(flat.device, non_blocking=True))
+                    copy_in_pieces(flat[low:high], master[low:high])
             return
         with torch.no_grad():
             for p, slot in zip(params[first:last], slots[first:last]):
