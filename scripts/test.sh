@@ -25,7 +25,8 @@ else
     # a bare 'torch' would download a multi-GB CUDA build. The package itself asks for torch>=2.4.
     "$PY" -m pip install -q torch==2.13.0
 fi
-"$PY" -m pip install -q -e '.[test]'
+# the docs extra too: tests/smoke/test_docs_build.py runs `mkdocs build --strict`
+"$PY" -m pip install -q -e '.[test,docs]'
 
 # tests/cluster brings up scripts/local-cluster itself (root, sshd, pdsh, mpirun needed)
 # and skips, saying why, where it cannot.
