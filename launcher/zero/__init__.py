@@ -15,19 +15,20 @@ from launcher.zero.errors import CheckpointError, ConfigError
 
 # name -> (module, attribute or None for the module itself)
 _LAZY = {
-    "initialize": ("launcher.zero.api", "initialize"),
+    "initialize": ("launcher.zero.engine.initialize", "initialize"),
     "init_distributed": ("launcher.zero.comm", "init_distributed"),
-    "add_config_arguments": ("launcher.zero.args", "add_config_arguments"),
-    "ZeroEngine": ("launcher.zero.engine", "ZeroEngine"),
+    "add_config_arguments": ("launcher.zero.config.args", "add_config_arguments"),
+    "ZeroEngine": ("launcher.zero.engine.zero_engine", "ZeroEngine"),
+    "DeepSpeedEngine": ("launcher.zero.engine.zero_engine", "ZeroEngine"),
     "get_fp32_state_dict_from_zero_checkpoint": ("launcher.zero.checkpoint.consolidate", "get_fp32_state_dict_from_zero_checkpoint"),
     "convert_zero_checkpoint_to_fp32_state_dict": ("launcher.zero.checkpoint.consolidate", "convert_zero_checkpoint_to_fp32_state_dict"),
     "load_state_dict_from_zero_checkpoint": ("launcher.zero.checkpoint.consolidate", "load_state_dict_from_zero_checkpoint"),
-    "load_config": ("launcher.zero.config", "load_config"),
+    "load_config": ("launcher.zero.config.load", "load_config"),
     "checkpointing": ("launcher.zero.checkpointing", None),
     "sparse_attention": ("launcher.zero.sparse_attention", None),
-    "Init": ("launcher.zero.init_context", "Init"),
-    "GatheredParameters": ("launcher.zero.init_context", "GatheredParameters"),
-    "estimate_memory": ("launcher.zero.estimate", "estimate_memory"),
+    "Init": ("launcher.zero.stages.stage3.init_context", "Init"),
+    "GatheredParameters": ("launcher.zero.stages.stage3.init_context", "GatheredParameters"),
+    "estimate_memory": ("launcher.zero.engine.estimate", "estimate_memory"),
     # modules DeepSpeed scripts reach as deepspeed.<name> (see README, "Coming from DeepSpeed")
     "comm": ("launcher.zero.comm", None),
     "zero": ("launcher.zero.zero", None),

@@ -1,6 +1,6 @@
 """The ZeRO stage as a pluggable strategy: the protocol every stage implements, and its registry.
 
-The engine (engine.py) owns the training step: micro-step counting, loss scaling, clipping,
+The engine (engine/zero_engine.py) owns the training step: micro-step counting, loss scaling, clipping,
 the overflow decision, the scheduler and checkpoints. A strategy owns *where tensors live and
 how gradients and parameters move between ranks*. The engine talks to a strategy only through
 the methods below, always in this order:
@@ -54,9 +54,9 @@ import torch
 from launcher.zero.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from launcher.zero.config import ZeroConfig
-    from launcher.zero.dist import DistContext
-    from launcher.zero.precision import PrecisionPolicy
+    from launcher.zero.config.load import ZeroConfig
+    from launcher.zero.distributed.context import DistContext
+    from launcher.zero.engine.precision import PrecisionPolicy
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from launcher.zero.collectives import all_gather_into
+from launcher.zero.distributed.collectives import all_gather_into
 from launcher.zero.layout.flat import ParamGroup
 
 

@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import torch
 
-from launcher.zero.collectives import broadcast_module_from_first, gradient_scales, reduce_async, wait
+from launcher.zero.distributed.collectives import broadcast_module_from_first, gradient_scales, reduce_async, wait
 from launcher.zero.errors import ConfigError
 from launcher.zero.layout.flat import ParamGroup, collect_groups, flatten_into_buffer
 from launcher.zero.stages.base import Fragment, ZeroStrategy

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from launcher.zero.collectives import gradient_scales
+from launcher.zero.distributed.collectives import gradient_scales
 from launcher.zero.errors import ConfigError
 from launcher.zero.layout.flat import trainable_groups
 from launcher.zero.stages.stage3 import params as P

@@ -16,14 +16,14 @@ from typing import Any
 
 import torch
 
-from launcher.zero.config_schema import ZeroConfig
-from launcher.zero.dist import DistContext
-from launcher.zero.engine_api import EngineAccessors
+from launcher.zero.config.schema import ZeroConfig
+from launcher.zero.distributed.context import DistContext
+from launcher.zero.engine.accessors import EngineAccessors
 from launcher.zero.errors import ConfigError
-from launcher.zero.loss_scaler import LossScaler
-from launcher.zero.monitor import Monitor, PhaseTimer, progress_line
-from launcher.zero.plain_backward import BackwardHooks
-from launcher.zero.precision import PrecisionPolicy
+from launcher.zero.engine.loss_scaler import LossScaler
+from launcher.zero.engine.monitor import Monitor, PhaseTimer, progress_line
+from launcher.zero.engine.plain_backward import BackwardHooks
+from launcher.zero.engine.precision import PrecisionPolicy
 from launcher.zero.stages.base import DeviceNorm, ZeroStrategy, clip_factor
 
 
@@ -184,7 +184,7 @@ class ZeroEngine(EngineAccessors):
         try:
             yield
         except OUT_OF_MEMORY as error:
-            from launcher.zero.estimate import out_of_memory_note
+            from launcher.zero.engine.estimate import out_of_memory_note
             try:
                 note = out_of_memory_note(self.module, self.config, self.dist.world_size,
                                           self.dist.local_world_size, self.dist.device)
@@ -343,7 +343,7 @@ class ZeroEngine(EngineAccessors):
     def deepspeed_io(self, dataset, batch_size=None, route=None, pin_memory=None, data_sampler=None,
                      collate_fn=None, num_local_io_workers=None):
         """A DataLoader over this rank's share of ``dataset`` in micro-batches (as training_data=)."""
-        from launcher.zero.data import build_dataloader
+        from launcher.zero.engine.data import build_dataloader
 
         if data_sampler is not None or (batch_size not in (None, self.train_micro_batch_size_per_gpu())):
             raise ConfigError("deepspeed_io: a custom data_sampler or batch_size is not supported",

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from launcher.zero.dist import DistContext
+from launcher.zero.distributed.context import DistContext
 
 
 def all_gather_into(output: torch.Tensor, shard: torch.Tensor, ctx: DistContext) -> None:

@@ -11,16 +11,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from launcher.zero import failure
-from launcher.zero.config import load_config, no_effect_notes
-from launcher.zero.dist import DistContext, context_from_group, init_distributed
-from launcher.zero.engine import EngineParts, TensorParallelInfo, ZeroEngine
+from launcher.zero.engine import failure
+from launcher.zero.config.load import load_config, no_effect_notes
+from launcher.zero.distributed.context import DistContext, context_from_group, init_distributed
+from launcher.zero.engine.zero_engine import EngineParts, TensorParallelInfo, ZeroEngine
 from launcher.zero.errors import ConfigError
-from launcher.zero.loss_scaler import LossScaler, rules_from_config
-from launcher.zero.monitor import Monitor, ready_line
+from launcher.zero.engine.loss_scaler import LossScaler, rules_from_config
+from launcher.zero.engine.monitor import Monitor, ready_line
 from launcher.zero.optim import build_optimizer, check_zero_support
 from launcher.zero.parallel.topology import check_autotp_size
-from launcher.zero.precision import precision_policy
+from launcher.zero.engine.precision import precision_policy
 from launcher.zero.sched import build_scheduler
 from launcher.zero.stages.base import StrategyContext, resolve_strategy
 
@@ -41,7 +41,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
         raise ConfigError("zero.initialize: model is required", hint="zero.initialize(model=model, config=...)")
     source = _config_source(config, config_params, args, environ.get("DSLAUNCH_CONFIG"))
     if _is_pipeline(model):
-        from launcher.zero.pipe.build import initialize_pipeline
+        from launcher.zero.pipeline.build import initialize_pipeline
 
         return initialize_pipeline(model, optimizer, lr_scheduler, source, training_data, collate_fn)
     dist_context = context_from_group(process_group) if process_group is not None else init_distributed(env=environ)
@@ -93,7 +93,7 @@ def _strategy_class(cfg, mpu, model) -> type:
 def _dataloader(training_data, cfg, dist_context: DistContext, collate_fn):
     if training_data is None:
         return None
-    from launcher.zero.data import build_dataloader
+    from launcher.zero.engine.data import build_dataloader
 
     return build_dataloader(training_data, cfg, dist_context, collate_fn)
 
@@ -136,7 +136,7 @@ def _data_parallel_context(mpu, world: DistContext) -> DistContext:
 
 
 def _is_pipeline(model) -> bool:
-    from launcher.zero.pipe.module import PipelineModule
+    from launcher.zero.pipeline.module import PipelineModule
 
     return isinstance(model, PipelineModule)
 

@@ -1,6 +1,6 @@
 """DeepSpeed's engine accessors: what a script reads off the engine besides forward/backward/step.
 
-A mixin of ZeroEngine (engine.py), which provides ``config``, ``dist``, ``optimizer``,
+A mixin of ZeroEngine (zero_engine.py), which provides ``config``, ``dist``, ``optimizer``,
 ``lr_scheduler``, ``loss_scaler``, ``strategy`` and the step counters these read.
 """
 from __future__ import annotations

@@ -31,7 +31,7 @@ def _config_choices(config) -> tuple[torch.dtype | None, bool]:
     """(parameter dtype, shards on the CPU) from a config dict/path, or (None, False)."""
     if config is None:
         return None, False
-    from launcher.zero.config import load_config
+    from launcher.zero.config.load import load_config
 
     cfg = load_config(config)
     dtype = torch.float16 if cfg.fp16.enabled else torch.bfloat16 if cfg.bf16.enabled else None
@@ -70,10 +70,10 @@ class Init:
 
     def _start(self) -> None:
         if not (dist.is_available() and dist.is_initialized()):
-            from launcher.zero.dist import init_distributed
+            from launcher.zero.distributed.context import init_distributed
 
             init_distributed()
-        from launcher.zero.dist import context_from_group
+        from launcher.zero.distributed.context import context_from_group
 
         ctx = context_from_group(self._group, device=self._device)
         self.rank, self.world_size, self.device = ctx.rank, ctx.world_size, ctx.device
@@ -215,3 +215,13 @@ class GatheredParameters:
                     P.update_shard_from_full(p, p.data)
                 elif getattr(p, "ds_after_modify", None) is not None:
                     p.ds_after_modify(p)
+
+
+# DeepSpeed needs these to gather a parameter another module reads during forward; at stage 3 this
+# engine gathers a partitioned parameter whenever any module reads it, so there is nothing to do.
+def register_external_parameter(module, parameter) -> None:
+    """No-op (see the comment above)."""
+
+
+def unregister_external_parameter(module, parameter) -> None:
+    """No-op (see the comment above)."""
