@@ -61,8 +61,9 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     if handles_comm and cfg.zero_stage != 0:
         raise ConfigError(f"optimizer {type(optimizer).__name__} does its own gradient communication and needs "
                           f"zero_optimization.stage 0 (got {cfg.zero_stage})", hint="set zero_optimization.stage to 0")
-    strategy = _strategy_class(cfg, mpu, model)(StrategyContext(config=cfg, dist=dist_context, precision=precision,
-                                            reduce_gradients=not handles_comm))
+    context = StrategyContext(config=cfg, dist_context=dist_context, precision=precision,
+                              reduce_gradients=not handles_comm)
+    strategy = _strategy_class(cfg, mpu, model)(context)
     strategy.setup(model, optimizer)
     scheduler = _build_scheduler(lr_scheduler, optimizer, cfg)
     scaler = LossScaler(rules_from_config(cfg.fp16, cfg.zero_stage)) if cfg.fp16.enabled else None
@@ -71,7 +72,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
         monitor.log(note)
     dataloader = _dataloader(training_data, cfg, dist_context, collate_fn)
     engine = ZeroEngine(EngineParts(module=model, optimizer=optimizer, lr_scheduler=scheduler, config=cfg,
-                                    dist=dist_context, precision=precision, strategy=strategy,
+                                    dist_context=dist_context, precision=precision, strategy=strategy,
                                     loss_scaler=scaler, monitor=monitor, dataloader=dataloader))
     if mpu is not None:
         engine.tensor_parallel = tensor_info
@@ -102,8 +103,9 @@ def _say_ready(engine: ZeroEngine, monitor: Monitor, param_count: int) -> None:
     """The first line, before the first step: stage, precision, world size and bytes per rank."""
     cfg = engine.config
     precision = "fp16" if cfg.fp16.enabled else "bf16" if cfg.bf16.enabled else "fp32"
-    monitor.log(ready_line(cfg.zero_stage, precision, engine.dist.world_size, param_count, engine.memory_breakdown()))
-    if precision != "fp32" and engine.dist.device.type == "cpu":
+    monitor.log(ready_line(cfg.zero_stage, precision, engine.dist_context.world_size, param_count,
+                           engine.memory_breakdown()))
+    if precision != "fp32" and engine.dist_context.device.type == "cpu":
         monitor.log(f"{precision} on CPU: most CPUs have no fast {precision} matrix kernels, so steps can run several "
                     f"times slower than fp32; 16-bit precision pays off on a GPU")
 

@@ -44,7 +44,7 @@ class EngineParts:
     optimizer: torch.optim.Optimizer
     lr_scheduler: Any
     config: ZeroConfig
-    dist: DistContext
+    dist_context: DistContext
     precision: PrecisionPolicy
     strategy: ZeroStrategy
     loss_scaler: LossScaler | None
@@ -60,7 +60,7 @@ class ZeroEngine(EngineAccessors):
         self.optimizer = parts.optimizer
         self.lr_scheduler = parts.lr_scheduler
         self.config = parts.config
-        self.dist = parts.dist
+        self.dist_context = parts.dist_context
         self.precision = parts.precision
         self.strategy = parts.strategy
         self.loss_scaler = parts.loss_scaler
@@ -80,7 +80,7 @@ class ZeroEngine(EngineAccessors):
         # the progress line's "step=N/total" and ETA: a schedule's length, else what the script sets
         self.total_steps: int | None = getattr(self.lr_scheduler, "total_num_steps", None)
         self._tokens_per_sample: int | None = None
-        sync = torch.cuda.synchronize if self.dist.device.type == "cuda" else None
+        sync = torch.cuda.synchronize if self.dist_context.device.type == "cuda" else None
         self.timers = PhaseTimer(self.config.wall_clock_breakdown, sync)
         self._backward_hooks = BackwardHooks(self.strategy.stage, self._loss_factor,
                                              self._backward_prologue, self.strategy.post_backward)
@@ -186,8 +186,8 @@ class ZeroEngine(EngineAccessors):
         except OUT_OF_MEMORY as error:
             from launcher.zero.engine.estimate import out_of_memory_note
             try:
-                note = out_of_memory_note(self.module, self.config, self.dist.world_size,
-                                          self.dist.local_world_size, self.dist.device)
+                note = out_of_memory_note(self.module, self.config, self.dist_context.world_size,
+                                          self.dist_context.local_world_size, self.dist_context.device)
             except Exception as failure:  # the note must never hide the real error
                 note = f"(no memory estimate: {failure})"
             raise type(error)(f"{error}\n[zero] {note}") from error
@@ -348,7 +348,7 @@ class ZeroEngine(EngineAccessors):
         if data_sampler is not None or (batch_size not in (None, self.train_micro_batch_size_per_gpu())):
             raise ConfigError("deepspeed_io: a custom data_sampler or batch_size is not supported",
                               hint="build your own torch DataLoader, or leave both out")
-        return build_dataloader(dataset, self.config, self.dist, collate_fn)
+        return build_dataloader(dataset, self.config, self.dist_context, collate_fn)
 
     def no_sync(self):
         """Not supported: let the engine accumulate (``gradient_accumulation_steps``) instead."""
@@ -369,17 +369,17 @@ class ZeroEngine(EngineAccessors):
         gather = getattr(self.strategy, "gathered_16bit_state_dict", None)
         state = gather() if gather is not None else self.strategy.module_state_dict()
         if state is None:  # stage 3 without stage3_gather_16bit_weights_on_model_save, as DeepSpeed
-            if self.dist.rank == 0:
+            if self.dist_context.rank == 0:
                 print("[zero] save_16bit_model: nothing saved; set zero_optimization."
                       "stage3_gather_16bit_weights_on_model_save to true", flush=True)
             return False
-        if self.dist.rank == 0:   # written aside and renamed: nobody ever reads half a file
+        if self.dist_context.rank == 0:   # written aside and renamed: nobody ever reads half a file
             os.makedirs(save_dir, exist_ok=True)
             path = os.path.join(save_dir, save_filename)
             torch.save(state, path + ".partial")
             os.replace(path + ".partial", path)
-        if self.dist.world_size > 1:   # every rank returns once the file is there to read
-            torch.distributed.barrier(group=self.dist.group)
+        if self.dist_context.world_size > 1:   # every rank returns once the file is there to read
+            torch.distributed.barrier(group=self.dist_context.group)
         return True
 
     save_fp16_model = save_16bit_model   # DeepSpeed's older name
