@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from launcher.zero.distributed.collectives import gradient_scales
+from launcher.zero.distributed.collectives import broadcast_from, gradient_scales
 from launcher.zero.errors import ConfigError
 from launcher.zero.layout.flat import trainable_groups
 from launcher.zero.stages.stage3 import params as P
@@ -151,7 +151,7 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
                     continue
                 data = p.data.to(device=ctx.dist_context.device, dtype=dtype if p.is_floating_point() else p.dtype)
                 if ctx.dist_context.world_size > 1:
-                    dist.broadcast(data, src=self._global_rank(0), group=ctx.dist_context.group)
+                    broadcast_from(data, group=ctx.dist_context.group)
                 p.data = data
                 if not keep_whole:
                     P.partition(p, ctx.dist_context.group, ctx.dist_context.rank, ctx.dist_context.world_size,
@@ -159,7 +159,7 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
             for b in module.buffers():
                 b.data = b.data.to(ctx.dist_context.device)
                 if ctx.dist_context.world_size > 1:
-                    dist.broadcast(b.data, src=self._global_rank(0), group=ctx.dist_context.group)
+                    broadcast_from(b.data, group=ctx.dist_context.group)
 
     def _adopt(self, p, keep_whole: bool, dtype) -> None:
         """A parameter partitioned by zero.Init: check its group, fix dtype and device, maybe make it whole."""
@@ -180,10 +180,6 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         state.shard = state.shard.to(self.shard_device)
         p.ds_tensor = state.shard
         p.data = P.empty_like_param(state.shard, state.device)
-
-    def _global_rank(self, group_rank: int) -> int:
-        group = self.context.dist_context.group
-        return group_rank if group is None else dist.get_global_rank(group, group_rank)
 
     def _build_master(self, params, slots, total: int, pin: bool) -> torch.Tensor:
         """The group's flat master; in fp32 without offload the shards become views of it (no copy)."""
