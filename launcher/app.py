@@ -139,8 +139,8 @@ def _check_config(options: LaunchOptions, plan: JobPlan):
     path = options.config if os.path.isabs(options.config) else os.path.join(plan.workdir, options.config)
     if not os.path.isfile(path):
         raise UsageError(f"config '{options.config}' not found")
-    from launcher.zero.config import load_config  # torch-free by design
-    from launcher.zero.config_checks import check_without_model
+    from launcher.zero.config.load import load_config  # torch-free by design
+    from launcher.zero.config.checks import check_without_model
     try:
         sections = load_config(path).unsupported
         pipe, tensor = sizes_from_sections(sections.get("pipeline"), sections.get("tensor_parallel"))
@@ -151,7 +151,7 @@ def _check_config(options: LaunchOptions, plan: JobPlan):
                                              options.config)
             data_ranks = layout.data   # the batch triplet counts data-parallel ranks
         config = load_config(path, world_size=data_ranks)
-        if pipe > 1 and config.zero_stage > 1:      # the engine refuses it too (launcher/zero/pipe/build.py)
+        if pipe > 1 and config.zero_stage > 1:      # the engine refuses it too (launcher/zero/pipeline/build.py)
             raise ConfigError(f"zero_optimization.stage {config.zero_stage} with pipeline.stages {pipe} is not "
                               "supported (pipelines run ZeRO stages 0-1 over the data axis, DeepSpeed's limit too)",
                               hint='set "zero_optimization": {"stage": 1}')

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 
 from launcher import console
 from launcher.control.outcome import Outcome
@@ -13,16 +12,13 @@ from launcher.node.ranks import rank_specs
 from launcher.output_modes import OutputFilter
 from launcher.node.supervisor import Supervisor
 from launcher.planning.plan import JobPlan, with_master_port
-
-
-def run_local(plan: JobPlan, environ: dict[str, str], grace: float = 3.0) -> int:
-    return run_local_try(plan, environ, grace).exit_code
+from launcher.wire import free_port
 
 
 def run_local_try(plan: JobPlan, environ: dict[str, str], grace: float = 3.0) -> Outcome:
     """One try of a local job, its end as an Outcome (control/restarts.py restarts it)."""
     if plan.master_port == 0:   # --master_port 0 / --standalone: a free port here (the agents do it elsewhere)
-        plan = with_master_port(plan, _free_port())
+        plan = with_master_port(plan, free_port("127.0.0.1"))
     specs = []
     for node in plan.nodes:  # several "nodes" here only when a hostfile names this machine twice
         specs += rank_specs(node.ranks, plan.master_addr, plan.workdir, dict(environ),
@@ -74,9 +70,3 @@ def _install_signal_handlers(supervisor: Supervisor) -> dict:
             supervisor.request_stop(name, signum)
         previous[signum] = signal.signal(signum, handler)
     return previous
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

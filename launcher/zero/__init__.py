@@ -5,6 +5,17 @@
 Importing this package is torch-free (the launcher validates configs with it); everything that
 needs torch is imported on first use through the module ``__getattr__`` below, so a missing
 optional piece (ZeRO-3, sparse attention, ...) fails only when it is used.
+
+The house: this root and ``accelerator``, ``comm``, ``checkpointing``, ``zero/``, ``utils/``,
+``runtime/``, ``ops/``, ``pipe/``, ``moe/`` are the DeepSpeed-shaped face (what ``deepspeed.X``
+resolves to under ``--as-deepspeed``; ``shim/paths.py`` lists every such path). They only
+re-export; nothing below imports them. ``errors`` is shared by both. The internals, free to change:
+``engine/`` (initialize, the engine and its step, monitor, failure hook, precision, loss scaler,
+data loader), ``config/`` (load, schema, checks; torch-free), ``distributed/`` (the DistContext,
+collectives, accelerator), ``stages/`` (ZeRO 0-3), ``layout/``, ``optim/``, ``sched/``,
+``checkpoint/``, ``pipeline/``, ``parallel/`` (tensor and sequence parallelism, topologies),
+``activations/`` (activation checkpointing), ``sparse_attention/``.
+tests/unit/zero/test_house.py holds these rules.
 """
 from __future__ import annotations
 
@@ -15,19 +26,20 @@ from launcher.zero.errors import CheckpointError, ConfigError
 
 # name -> (module, attribute or None for the module itself)
 _LAZY = {
-    "initialize": ("launcher.zero.api", "initialize"),
+    "initialize": ("launcher.zero.engine.initialize", "initialize"),
     "init_distributed": ("launcher.zero.comm", "init_distributed"),
-    "add_config_arguments": ("launcher.zero.args", "add_config_arguments"),
-    "ZeroEngine": ("launcher.zero.engine", "ZeroEngine"),
+    "add_config_arguments": ("launcher.zero.config.args", "add_config_arguments"),
+    "ZeroEngine": ("launcher.zero.engine.zero_engine", "ZeroEngine"),
+    "DeepSpeedEngine": ("launcher.zero.engine.zero_engine", "ZeroEngine"),
     "get_fp32_state_dict_from_zero_checkpoint": ("launcher.zero.checkpoint.consolidate", "get_fp32_state_dict_from_zero_checkpoint"),
     "convert_zero_checkpoint_to_fp32_state_dict": ("launcher.zero.checkpoint.consolidate", "convert_zero_checkpoint_to_fp32_state_dict"),
     "load_state_dict_from_zero_checkpoint": ("launcher.zero.checkpoint.consolidate", "load_state_dict_from_zero_checkpoint"),
-    "load_config": ("launcher.zero.config", "load_config"),
+    "load_config": ("launcher.zero.config.load", "load_config"),
     "checkpointing": ("launcher.zero.checkpointing", None),
     "sparse_attention": ("launcher.zero.sparse_attention", None),
-    "Init": ("launcher.zero.init_context", "Init"),
-    "GatheredParameters": ("launcher.zero.init_context", "GatheredParameters"),
-    "estimate_memory": ("launcher.zero.estimate", "estimate_memory"),
+    "Init": ("launcher.zero.stages.stage3.init_context", "Init"),
+    "GatheredParameters": ("launcher.zero.stages.stage3.init_context", "GatheredParameters"),
+    "estimate_memory": ("launcher.zero.engine.estimate", "estimate_memory"),
     # modules DeepSpeed scripts reach as deepspeed.<name> (see README, "Coming from DeepSpeed")
     "comm": ("launcher.zero.comm", None),
     "zero": ("launcher.zero.zero", None),

@@ -131,7 +131,7 @@ def test_a_training_job_loses_node_3_and_finishes_on_two_with_the_same_weights(c
     assert {s["gas"] for s in reference_run["steps"]} == {2}               # 12 = 1 x 2 x 6 ranks
     sys.path.insert(0, os.path.join(ROOT, "tests", "dist"))
     from test_elastic_resume import close, reference
-    from launcher.zero.data import GlobalBatchSampler
+    from launcher.zero.engine.data import GlobalBatchSampler
     order = list(GlobalBatchSampler(96, 1, 0, 12, 1))
     batches = [{"ids": sorted(order[12 * s:12 * s + 12])} for s in range(LAST)]
     assert [s["ids"] for s in reference_run["steps"]] == [b["ids"] for b in batches]
@@ -259,7 +259,7 @@ def test_a_training_job_whose_node_3_agent_dies_finishes_on_two_with_the_referen
     assert [s["gas"] for s in result["steps"]] == [3] * len(second_try)
     sys.path.insert(0, os.path.join(ROOT, "tests", "dist"))
     from test_elastic_resume import close, reference
-    from launcher.zero.data import GlobalBatchSampler
+    from launcher.zero.engine.data import GlobalBatchSampler
     order = list(GlobalBatchSampler(96, 1, 0, 12, 1))
     batches = [{"ids": sorted(order[12 * s:12 * s + 12])} for s in range(LAST)]
     assert [s["ids"] for s in result["steps"]] == [b["ids"] for b in batches[resumed_from:]]

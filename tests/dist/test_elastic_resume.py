@@ -38,7 +38,7 @@ def reference(steps):
 
 def global_batches(count):
     """The samples of steps 1..count as the engine's loader orders them (one global order)."""
-    from launcher.zero.data import GlobalBatchSampler
+    from launcher.zero.engine.data import GlobalBatchSampler
     order = list(GlobalBatchSampler(96, 1, 0, 8, 1))
     return [{"ids": sorted(order[8 * s:8 * s + 8])} for s in range(count)]
 

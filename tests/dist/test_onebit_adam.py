@@ -50,7 +50,7 @@ def train(model, opt, rank, steps, record):
 def worker(out_dir, backend):
     import torch.distributed as dist
 
-    import launcher.zero.dist  # noqa: F401  before the group exists, so it really ends at exit (see dist.py)
+    import launcher.zero.distributed.context  # noqa: F401  before the group exists, so it really ends at exit (see distributed/context.py)
     from launcher.zero.optim.onebit import OnebitAdam
     from launcher.zero.optim.onebit.comm import Collectives
 

@@ -102,7 +102,7 @@ def reference(model: torch.nn.Module, dtype: torch.dtype, data, scale: float,
 def same_optimizer(masters, offload: bool):
     """The optimizer the engine builds from this config (fused AdamW on the GPU, CPU Adam with
     offload), so that engine and reference differ in nothing but the engine's own work."""
-    from launcher.zero.config import load_config
+    from launcher.zero.config.load import load_config
     from launcher.zero.optim.factory import build_optimizer
 
     spec = load_config(engine_config(2, "bf16", offload), world_size=1).optimizer

@@ -27,7 +27,7 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None =
     save_dir = os.fspath(save_dir)
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
     _check_tag(engine, tag)
-    rank, tensor = engine.dist.rank, engine.tensor_parallel
+    rank, tensor = engine.dist_context.rank, engine.tensor_parallel
     prefix = fmt.tensor_prefix(tensor.rank, tensor.size)
     lead = rank == 0 and tensor.rank == 0      # one rank of the whole job makes and publishes the folder
     partial = os.path.join(save_dir, f".{tag}.partial")
@@ -65,7 +65,7 @@ def _shard(engine, fragments) -> dict:
             else:
                 record[SCALAR][key] = value.detach().cpu().clone() if torch.is_tensor(value) else value
         records.append(record)
-    shard = {"format": fmt.FORMAT_VERSION, "rank": engine.dist.rank, "fragments": records, "rng": _rng_state()}
+    shard = {"format": fmt.FORMAT_VERSION, "rank": engine.dist_context.rank, "fragments": records, "rng": _rng_state()}
     extra = getattr(engine.optimizer, "extra_state_dict", None)
     if extra is not None:  # per-rank optimizer state beyond the parameters (1-bit Adam's error buffers)
         shard["optimizer_extra"] = extra()
@@ -94,7 +94,8 @@ def _metadata(engine, listings) -> dict:
             params.append({"name": name, "shape": list(_full_shape(engine, name, param)), "numel": _numel(engine, name, param)})
         else:
             frozen.append(name)
-    metadata = {"format": fmt.FORMAT_VERSION, "world_size": engine.dist.world_size, "stage": engine.config.zero_stage,
+    metadata = {"format": fmt.FORMAT_VERSION, "world_size": engine.dist_context.world_size,
+                "stage": engine.config.zero_stage,
                 "param_dtype": str(engine.precision.param_dtype), "global_steps": engine.global_steps,
                 "params": params, "shared_params": shared, "frozen_params": frozen, "ranks": listings}
     tensor = engine.tensor_parallel
@@ -233,15 +234,16 @@ def _restore_training_state(engine, path, states, metadata, shards, load_optimiz
         engine.loss_scaler.load_state_dict(states["loss_scaler"])
     for key in ("global_steps", "global_samples", "skipped_steps", "micro_steps"):
         setattr(engine, key, states[key])
-    if metadata["world_size"] != engine.dist.world_size:
+    if metadata["world_size"] != engine.dist_context.world_size:
         # another world size, the same train_batch_size: accumulation changed, so the micro-step count
         # restarts on this world's boundaries (checkpoints are taken on a boundary)
         engine.micro_steps = engine.global_steps * engine.gradient_accumulation_steps()
     sampler = getattr(getattr(engine, "training_dataloader", None), "sampler", None)
     if hasattr(sampler, "resume"):  # the engine's own loader continues at the next unseen sample
         sampler.resume(engine.global_samples)
-    if metadata["world_size"] == engine.dist.world_size:  # RNG streams are per rank
-        own = shards.get(engine.dist.rank) or fmt.load_file(os.path.join(path, fmt.shard_name(engine.dist.rank, prefix)))
+    if metadata["world_size"] == engine.dist_context.world_size:  # RNG streams are per rank
+        rank = engine.dist_context.rank
+        own = shards.get(rank) or fmt.load_file(os.path.join(path, fmt.shard_name(rank, prefix)))
         _set_rng_state(own["rng"])
         restore = getattr(engine.optimizer, "load_extra_state_dict", None)
         if load_optimizer_states and restore is not None and own.get("optimizer_extra") is not None:
@@ -268,8 +270,8 @@ def _set_rng_state(state: dict) -> None:
 
 
 def _barrier(engine) -> None:
-    if engine.dist.world_size > 1:
-        dist.barrier(group=engine.dist.group)
+    if engine.dist_context.world_size > 1:
+        dist.barrier(group=engine.dist_context.group)
 
 
 def _job_barrier(engine) -> None:
@@ -285,9 +287,9 @@ def _all_gather_object(engine, value) -> list:
 
     torch's all_gather_object needs numpy (an optional dependency of torch) to decode.
     """
-    if engine.dist.world_size == 1:
+    if engine.dist_context.world_size == 1:
         return [value]
-    device, group, world = engine.dist.device, engine.dist.group, engine.dist.world_size
+    device, group, world = engine.dist_context.device, engine.dist_context.group, engine.dist_context.world_size
     data = torch.tensor(list(json.dumps(value).encode()), dtype=torch.uint8, device=device)
     length = torch.tensor([data.numel()], dtype=torch.int64, device=device)
     lengths = [torch.zeros_like(length) for _ in range(world)]
@@ -302,7 +304,7 @@ def _all_gather_object(engine, value) -> list:
 
 def _check_tag(engine, tag: str) -> None:
     mode = engine.config.checkpoint.tag_validation.lower()
-    if mode == "ignore" or engine.dist.world_size == 1:
+    if mode == "ignore" or engine.dist_context.world_size == 1:
         return
     tags = _all_gather_object(engine, tag)
     if len(set(tags)) > 1:

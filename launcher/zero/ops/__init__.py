@@ -1,4 +1,4 @@
-"""``deepspeed.ops``: the optimizers scripts build by hand (``ops.adam``, ``ops.lamb``)."""
+"""``deepspeed.ops``: the optimizers scripts build by hand (``ops.adam``, ``ops.lamb``) and ``ops.sparse_attention``."""
 import importlib as _importlib
 
 

@@ -5,7 +5,7 @@ import importlib
 
 import torch
 
-from launcher.zero.config_checks import ZERO_TESTED_OPTIMIZERS  # one list for dry-run and initialize
+from launcher.zero.config.checks import ZERO_TESTED_OPTIMIZERS  # one list for dry-run and initialize
 from launcher.zero.errors import ConfigError
 
 # DeepSpeed's keys that torch's constructors do not take

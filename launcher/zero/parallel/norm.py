@@ -22,12 +22,12 @@ def with_tensor_parallel_norm(strategy_cls: type, model_group, sharded_names: se
             return None   # two axes: the engine asks grad_norm_and_overflow below
 
         def grad_norm_and_overflow(self) -> GradStats:
-            device = self.context.dist.device
+            device = self.context.dist_context.device
             totals = torch.zeros(3, dtype=torch.float64, device=device)   # sharded, replicated, non-finite
             # stage 3 keeps small ("persistent") parameters whole on every data rank: count them on one
             whole = {slot.name for slots in getattr(self, "group_slots", ()) for slot in slots if slot.persistent}
             for fragment in self.fragments():
-                if fragment.name in whole and self.context.dist.rank != 0:
+                if fragment.name in whole and self.context.dist_context.rank != 0:
                     continue
                 grad = fragment.master.grad
                 if grad is None or fragment.numel == 0:
@@ -37,8 +37,8 @@ def with_tensor_parallel_norm(strategy_cls: type, model_group, sharded_names: se
                 totals[2] += 0.0 if finite else 1.0
                 if finite:
                     totals[0 if fragment.name in sharded_names else 1] += piece.double().pow(2).sum()
-            if self.partitioned_grads and self.context.dist.world_size > 1:
-                dist.all_reduce(totals, group=self.context.dist.group)
+            if self.partitioned_grads and self.context.dist_context.world_size > 1:
+                dist.all_reduce(totals, group=self.context.dist_context.group)
             sharded = totals.clone()
             sharded[1] = 0.0                      # replicated squares are the same on every tensor rank
             dist.all_reduce(sharded, group=model_group)

@@ -9,10 +9,10 @@ import importlib
 from typing import Any
 
 _LAZY = {
-    "PipelineModule": "launcher.zero.pipe.module",
-    "LayerSpec": "launcher.zero.pipe.module",
-    "TiedLayerSpec": "launcher.zero.pipe.module",
-    "PipelineEngine": "launcher.zero.pipe.engine",
+    "PipelineModule": "launcher.zero.pipeline.module",
+    "LayerSpec": "launcher.zero.pipeline.module",
+    "TiedLayerSpec": "launcher.zero.pipeline.module",
+    "PipelineEngine": "launcher.zero.pipeline.engine",
     "ProcessTopology": "launcher.zero.parallel.topology",
     "PipeDataParallelTopology": "launcher.zero.parallel.topology",
     "PipeModelDataParallelTopology": "launcher.zero.parallel.topology",

@@ -1,4 +1,4 @@
-"""``deepspeed.runtime``: the modules scripts import by path (``utils``, ``lr_schedules``)."""
+"""``deepspeed.runtime``: the modules scripts import by path (``utils``, ``lr_schedules``, ``engine``)."""
 import importlib as _importlib
 
 

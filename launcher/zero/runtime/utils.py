@@ -1,18 +1,2 @@
 """``deepspeed.runtime.utils``: ``set_random_seed``."""
-from __future__ import annotations
-
-import random
-
-
-def set_random_seed(seed: int) -> None:
-    """Seed Python's, NumPy's (when installed) and torch's generators, as DeepSpeed does."""
-    import torch
-
-    random.seed(seed)
-    try:
-        import numpy
-    except ImportError:
-        pass
-    else:
-        numpy.random.seed(seed)
-    torch.manual_seed(seed)
+from launcher.zero.engine.seeding import set_random_seed  # noqa: F401

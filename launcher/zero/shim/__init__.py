@@ -4,8 +4,9 @@
 puts the ``deepspeed`` package next to this file first on ``sys.path`` and on ``PYTHONPATH``
 (so that worker processes the script spawns see it too), then runs SCRIPT as ``__main__``.
 That package makes ``deepspeed`` *be* ``launcher.zero`` and installs ``AliasFinder``, which
-answers ``import deepspeed.X`` with the very module object ``launcher.zero.X``: one module, one
-set of classes, whichever name a script uses.
+answers ``import deepspeed.X`` for exactly the paths of ``paths.DEEPSPEED_PATHS``: with the very
+module object named there (one module, one set of classes, whichever name a script uses), or with
+a stub whose names raise ``NotSupportedError``. Any other ``deepspeed.X`` is not found.
 
 A real DeepSpeed installed on the node would be hidden by this; the shim refuses to start then.
 """
@@ -16,40 +17,66 @@ import importlib.abc
 import importlib.machinery
 import os
 import sys
+import types
+
+from launcher.zero.errors import NotSupportedError
+from launcher.zero.shim.paths import DEEPSPEED_PATHS, NotBuilt
 
 SHIM_DIR = os.path.dirname(os.path.abspath(__file__))   # holds the 'deepspeed' package
-ALIAS, TARGET = "deepspeed", "launcher.zero"
+ALIAS = "deepspeed"
 
 
 class _AliasLoader(importlib.abc.Loader):
-    def __init__(self, target: str):
+    def __init__(self, target: str | NotBuilt):
         self.target = target
 
     def create_module(self, spec):
+        if isinstance(self.target, NotBuilt):
+            return _not_built_module(spec.name, self.target)
         return None   # a throwaway module; exec_module swaps in the real one
 
     def exec_module(self, module) -> None:
+        if isinstance(self.target, NotBuilt):
+            return
         # importlib returns whatever sys.modules holds under the name after exec_module
         sys.modules[module.__name__] = importlib.import_module(self.target)
 
 
+def _not_built_module(name: str, missing: NotBuilt) -> types.ModuleType:
+    """A package whose listed submodules import and whose every other name raises NotSupportedError."""
+    module = types.ModuleType(name, f"{name}: not built in dslaunch's engine ({missing.feature}).")
+    module.__path__ = []
+
+    def __getattr__(attribute: str):
+        if attribute.startswith("__"):
+            raise AttributeError(f"module '{name}' has no attribute '{attribute}'")
+        if f"{name}.{attribute}" in DEEPSPEED_PATHS:
+            return importlib.import_module(f"{name}.{attribute}")
+        raise NotSupportedError(f"{name}.{attribute}: {missing.feature} is not supported by dslaunch's engine yet",
+                                hint=missing.hint)
+
+    module.__getattr__ = __getattr__
+    return module
+
+
 class AliasFinder(importlib.abc.MetaPathFinder):
-    """``deepspeed.X.Y`` -> the module ``launcher.zero.X.Y`` itself."""
+    """``deepspeed.X.Y`` -> what ``DEEPSPEED_PATHS`` names for it; a path not listed is not found."""
 
     def find_spec(self, fullname, path=None, target=None):
         if not fullname.startswith(ALIAS + "."):
             return None
-        real = TARGET + fullname[len(ALIAS):]
-        if importlib.util.find_spec(real) is None:
-            return None
-        return importlib.machinery.ModuleSpec(fullname, _AliasLoader(real))
+        if fullname not in DEEPSPEED_PATHS:
+            # stop here: the path finders would otherwise find our internals under deepspeed.__path__
+            raise ModuleNotFoundError(f"No module named '{fullname}' (dslaunch's DeepSpeed shim answers the paths "
+                                      "listed in launcher/zero/shim/paths.py)", name=fullname)
+        return importlib.machinery.ModuleSpec(fullname, _AliasLoader(DEEPSPEED_PATHS[fullname]))
 
 
 def install() -> None:
     """Make ``deepspeed`` and every ``deepspeed.X`` resolve to this engine in this process."""
     if not any(isinstance(finder, AliasFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, AliasFinder())
-    sys.modules[ALIAS] = importlib.import_module(TARGET)
+    sys.modules[ALIAS] = importlib.import_module(DEEPSPEED_PATHS[ALIAS])
 
 
 def real_deepspeed(search_path: list[str]) -> str | None:

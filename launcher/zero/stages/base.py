@@ -1,6 +1,6 @@
 """The ZeRO stage as a pluggable strategy: the protocol every stage implements, and its registry.
 
-The engine (engine.py) owns the training step: micro-step counting, loss scaling, clipping,
+The engine (engine/zero_engine.py) owns the training step: micro-step counting, loss scaling, clipping,
 the overflow decision, the scheduler and checkpoints. A strategy owns *where tensors live and
 how gradients and parameters move between ranks*. The engine talks to a strategy only through
 the methods below, always in this order:
@@ -54,9 +54,9 @@ import torch
 from launcher.zero.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from launcher.zero.config import ZeroConfig
-    from launcher.zero.dist import DistContext
-    from launcher.zero.precision import PrecisionPolicy
+    from launcher.zero.config.load import ZeroConfig
+    from launcher.zero.distributed.context import DistContext
+    from launcher.zero.engine.precision import PrecisionPolicy
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class StrategyContext:
     """Everything a strategy needs besides the module and optimizer; built by the engine."""
 
     config: "ZeroConfig"            # resolved (batch triplet filled for this world size)
-    dist: "DistContext"             # process group, rank, world_size, device
+    dist_context: "DistContext"             # process group, rank, world_size, device
     precision: "PrecisionPolicy"    # param dtype, gradient-accumulation dtype, communication dtype
     reduce_gradients: bool = True   # False when the optimizer does its own gradient communication
 
@@ -141,14 +141,14 @@ class ZeroStrategy(ABC):
         gradient is (inf/NaN anywhere: the overflow flag). None: this strategy has no such
         tensor (the engine then asks for ``grad_norm_and_overflow``)."""
         total = self.local_square_sum()
-        if self.partitioned_grads and self.context.dist.world_size > 1:
-            total = total.to(self.context.dist.device)
-            torch.distributed.all_reduce(total, group=self.context.dist.group)
+        if self.partitioned_grads and self.context.dist_context.world_size > 1:
+            total = total.to(self.context.dist_context.device)
+            torch.distributed.all_reduce(total, group=self.context.dist_context.group)
         return total
 
     def local_square_sum(self) -> torch.Tensor:
         """This rank's part of ``grad_square_sum`` (0-dim float64, on the gradients' device)."""
-        return squares_of(self.norm_grads(), self.context.dist.device)
+        return squares_of(self.norm_grads(), self.context.dist_context.device)
 
     def norm_grads(self) -> list[torch.Tensor | None]:
         """The gradients whose norm is the master grads' norm (offload measures them on the device)."""

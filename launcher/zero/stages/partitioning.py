@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from launcher.zero.collectives import all_gather_into
+from launcher.zero.distributed.collectives import all_gather_into
 from launcher.zero.layout.flat import ParamGroup
 
 
@@ -41,10 +41,10 @@ class Sharded(Replicated):
     sharded = True
 
     def count(self) -> int:
-        return self.context.dist.world_size
+        return self.context.dist_context.world_size
 
     def bounds(self, group: ParamGroup) -> tuple[int, int]:
-        return group.layout.partition_range(self.context.dist.rank)
+        return group.layout.partition_range(self.context.dist_context.rank)
 
     def may_alias(self) -> bool:
         """fp32 weights: the master is this rank's slice of the weight buffer."""
@@ -53,18 +53,18 @@ class Sharded(Replicated):
 
     def gather(self, buffer: torch.Tensor, low: int, high: int) -> None:
         """Every rank's updated partition into every rank's buffer, ``allgather_bucket_size`` at a time."""
-        dist = self.context.dist
-        if dist.world_size == 1:
+        dist_context = self.context.dist_context
+        if dist_context.world_size == 1:
             return
         partition_numel = high - low
         chunk = max(1, int(self.context.config.zero_optimization.allgather_bucket_size))
         if chunk >= partition_numel:
-            all_gather_into(buffer, buffer[low:high].clone(), dist)
+            all_gather_into(buffer, buffer[low:high].clone(), dist_context)
             return
         for start in range(0, partition_numel, chunk):
             count = min(chunk, partition_numel - start)
-            gathered = torch.empty(dist.world_size * count, dtype=buffer.dtype, device=buffer.device)
-            all_gather_into(gathered, buffer[low + start:low + start + count].clone(), dist)
-            for rank in range(dist.world_size):
+            gathered = torch.empty(dist_context.world_size * count, dtype=buffer.dtype, device=buffer.device)
+            all_gather_into(gathered, buffer[low + start:low + start + count].clone(), dist_context)
+            for rank in range(dist_context.world_size):
                 offset = rank * partition_numel + start
                 buffer[offset:offset + count].copy_(gathered[rank * count:(rank + 1) * count])

@@ -108,8 +108,8 @@ class OnHost(OnDevice):
         super().__init__(context)
         offload = context.config.zero_optimization.offload_optimizer
         self.pin = bool(offload is not None and offload.pin_memory)
-        cuda = context.dist.device.type == "cuda" and torch.cuda.is_available()
-        self.stream = torch.cuda.Stream(device=context.dist.device) if cuda else None
+        cuda = context.dist_context.device.type == "cuda" and torch.cuda.is_available()
+        self.stream = torch.cuda.Stream(device=context.dist_context.device) if cuda else None
         self.host_grads: list[torch.Tensor] = []
         self.owned: list[torch.Tensor] = []
         self.filled: list[int] = []
@@ -152,7 +152,7 @@ class OnHost(OnDevice):
                 self._copy_whole(grad, host)
             master.grad = host
         # the norm's kernels queue behind the backward now, beside the last copies to the host
-        self.measured = squares_of(owned, self.context.dist.device)
+        self.measured = squares_of(owned, self.context.dist_context.device)
         self._wait()
 
     def take_square_sum(self) -> torch.Tensor | None:

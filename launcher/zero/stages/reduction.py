@@ -18,7 +18,7 @@ class WholeGradients:
     def bind(self, strategy) -> None:
         self.strategy = strategy
         ctx = strategy.context
-        self.grad_buffers = [GradBuffer(group, ctx.dist.device, ctx.precision.grad_accum_dtype)
+        self.grad_buffers = [GradBuffer(group, ctx.dist_context.device, ctx.precision.grad_accum_dtype)
                              for group in strategy.groups]
 
     def arms_on_boundary(self) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from launcher.zero.collectives import all_reduce_async
+from launcher.zero.distributed.collectives import all_reduce_async
 from launcher.zero.stages.partitioning import Replicated
 from launcher.zero.stages.reduction import WholeGradients
 from launcher.zero.stages.whole_params import WholeParamsStrategy
@@ -18,7 +18,7 @@ class AllReduce(WholeGradients):
 
     def send(self, position: int, start: int, chunk: torch.Tensor, work: torch.Tensor) -> None:
         strategy = self.strategy
-        handle = all_reduce_async(work, strategy.context.dist)
+        handle = all_reduce_async(work, strategy.context.dist_context)
 
         def done():
             if strategy.post_scale != 1.0:

@@ -20,7 +20,7 @@ class ReduceEveryMicroStep:
         self.strategy = strategy
         ctx = strategy.context
         self.grad_partitions = [torch.zeros(group.layout.partition_numel, dtype=ctx.precision.grad_accum_dtype,
-                                            device=ctx.dist.device) for group in strategy.groups]
+                                            device=ctx.dist_context.device) for group in strategy.groups]
         self.staging: dict[int, torch.Tensor] = {}
         self.boundary = True
         self.bucket_of = {(g, slot): index for index, (g, bucket) in enumerate(strategy.plan)
@@ -35,7 +35,7 @@ class ReduceEveryMicroStep:
         if buffer is None:
             _, bucket = self.strategy.plan[bucket_index]
             ctx = self.strategy.context
-            buffer = torch.zeros(bucket.numel, dtype=ctx.precision.comm_dtype, device=ctx.dist.device)
+            buffer = torch.zeros(bucket.numel, dtype=ctx.precision.comm_dtype, device=ctx.dist_context.device)
             self.staging[bucket_index] = buffer
         return buffer
 

@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import torch
 
-from launcher.zero.collectives import broadcast_module_from_first, gradient_scales, reduce_async, wait
+from launcher.zero.distributed.collectives import broadcast_module_from_first, gradient_scales, reduce_async, wait
 from launcher.zero.errors import ConfigError
 from launcher.zero.layout.flat import ParamGroup, collect_groups, flatten_into_buffer
 from launcher.zero.stages.base import Fragment, ZeroStrategy
@@ -55,9 +55,9 @@ class WholeParamsStrategy(ZeroStrategy):
                               hint="pass a freshly built optimizer to zero.initialize")
         ctx = self.context
         self.module, self.optimizer = module, optimizer
-        broadcast_module_from_first(module, ctx.dist)
+        broadcast_module_from_first(module, ctx.dist_context)
         self.groups: list[ParamGroup] = collect_groups(module, optimizer, self.partitioning.count())
-        self.param_buffers = [flatten_into_buffer(group, ctx.dist.device, ctx.precision.param_dtype)
+        self.param_buffers = [flatten_into_buffer(group, ctx.dist_context.device, ctx.precision.param_dtype)
                               for group in self.groups]
         self.masters = [self._build_master(group, buffer) for group, buffer in zip(self.groups, self.param_buffers)]
         for group, master in zip(self.groups, self.masters):
@@ -67,7 +67,7 @@ class WholeParamsStrategy(ZeroStrategy):
         self.plan = plan_all_buckets(self.groups, bucket_numel, order)
         members = [[(g, slot) for slot in range(b.first, b.last)] for g, b in self.plan]
         self.queue = BucketQueue(members, self.reduction.launch)
-        self.pre_scale, self.post_scale = gradient_scales(ctx.config, ctx.dist.world_size)
+        self.pre_scale, self.post_scale = gradient_scales(ctx.config, ctx.dist_context.world_size)
         self.pending: list = []
         self.hooks = []
         for group in self.groups:
@@ -84,7 +84,7 @@ class WholeParamsStrategy(ZeroStrategy):
         """overlap_step: a background step; at world size 1 each module waits for its own weights
         (with more ranks the updated partitions are all-gathered first, so the forward waits whole)."""
         _prepare_of(optimizer)
-        self.overlap = StepOverlap(self.context.dist.device)
+        self.overlap = StepOverlap(self.context.dist_context.device)
         self.placement.overlap = self.overlap
         if hasattr(optimizer, "chunk_priority"):
             starts, ranks = [], []
@@ -93,7 +93,7 @@ class WholeParamsStrategy(ZeroStrategy):
                 starts.append([max(s.offset, low) - low for s in inside])
                 ranks.append([order[s.name] for s in inside])
             optimizer.chunk_priority = FirstUseOrder(self.masters, starts, ranks)
-        if self.context.dist.world_size > 1:
+        if self.context.dist_context.world_size > 1:
             return
         needs = {}
         for position, (group, (low, high)) in enumerate(zip(self.groups, bounds)):
@@ -123,10 +123,10 @@ class WholeParamsStrategy(ZeroStrategy):
     # ---- backward ------------------------------------------------------------------------
     @property
     def communicates(self) -> bool:
-        return self.context.reduce_gradients and self.context.dist.world_size > 1
+        return self.context.reduce_gradients and self.context.dist_context.world_size > 1
 
     def pre_forward(self) -> None:
-        if self.overlap is not None and self.context.dist.world_size > 1:
+        if self.overlap is not None and self.context.dist_context.world_size > 1:
             self.wait_for_step()
 
     def pre_backward(self, is_boundary: bool) -> None:
@@ -142,11 +142,11 @@ class WholeParamsStrategy(ZeroStrategy):
         ``accumulate(offset_in_partition, reduced_piece)`` runs on the owner once the reduction
         is complete (in ``finish_pending``), after the post-scale.
         """
-        rank = self.context.dist.rank
+        rank = self.context.dist_context.rank
         low, _ = self.partitioning.bounds(group)
         for piece in group.layout.split_by_owner(start, start + source.numel()):
             work = source[piece.flat_start - start:piece.flat_end - start]
-            handle = reduce_async(work, piece.rank, self.context.dist)
+            handle = reduce_async(work, piece.rank, self.context.dist_context)
             if piece.rank != rank:
                 self.pending.append((handle, lambda: None))
                 continue
@@ -225,7 +225,7 @@ class WholeParamsStrategy(ZeroStrategy):
     def wait_for_step(self) -> None:
         if self.overlap is not None and self.overlap.busy:
             self.overlap.wait()
-            if self.partitioning.sharded and self.context.dist.world_size > 1:
+            if self.partitioning.sharded and self.context.dist_context.world_size > 1:
                 self._gather()
 
     def zero_grad(self) -> None:

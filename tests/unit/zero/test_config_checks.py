@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.optim.lr_scheduler as torch_schedulers
 
-from launcher.zero import config_checks
-from launcher.zero.config import load_config
-from launcher.zero.config_checks import check_without_model
+from launcher.zero.config import checks as config_checks
+from launcher.zero.config.load import load_config
+from launcher.zero.config.checks import check_without_model
 from launcher.zero.errors import ConfigError
 from launcher.zero.optim import build_optimizer
 from launcher.zero.optim.lamb import Lamb

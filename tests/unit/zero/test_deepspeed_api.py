@@ -117,11 +117,15 @@ def test_zero_namespace_and_ops():
     assert FusedLamb is zero.ops.lamb.FusedLamb
 
 
-def test_moe_says_not_supported_and_pipe_exports_deepspeed_names():
+def test_moe_imports_says_not_supported_where_used_and_pipe_exports_deepspeed_names():
+    import launcher.zero.moe  # noqa: F401  (issue 30: DeepSpeed's tutorials import it without using it)
+    from launcher.zero.moe.layer import MoE
+    from launcher.zero.moe.utils import split_params_into_different_moe_groups_for_optimizer as split
+    assert zero.moe is launcher.zero.moe
     with pytest.raises(NotSupportedError, match="Mixture of Experts"):
-        import launcher.zero.moe  # noqa: F401
+        MoE(hidden_size=4, expert=torch.nn.Linear(4, 4), num_experts=2)
     with pytest.raises(NotSupportedError, match="Mixture of Experts"):
-        zero.moe  # noqa: B018
+        split([{"params": []}])
     import launcher.zero.pipe as pipe
     from launcher.zero.pipe import LayerSpec, PipelineModule, TiedLayerSpec  # noqa: F401
     from launcher.zero.pipe import PipeDataParallelTopology, PipeModelDataParallelTopology, ProcessTopology  # noqa: F401

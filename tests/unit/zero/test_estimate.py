@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import UsageError
-from launcher.zero import estimate as est
+from launcher.zero.engine import estimate as est
 
 GIB = 2 ** 30
 REPO = Path(__file__).resolve().parents[3]
@@ -134,26 +134,26 @@ def test_gpt_shape():
 
 
 def test_cli_prints_table_and_json_without_importing_torch():
-    code = ("import sys; from launcher.zero import estimate as e; rc = e.main(['--params', '1.5e9', "
+    code = ("import sys; from launcher.zero.engine import estimate as e; rc = e.main(['--params', '1.5e9', "
             "'--num_gpus', '8', '--num_nodes', '2', '--json']); "
             "print('TORCH' if 'torch' in sys.modules else 'NOTORCH'); sys.exit(rc)")
     out = run(["-c", code], check=True).stdout
     doc = json.loads(out[:out.rindex("}") + 1])
     assert doc["num_nodes"] == 2 and len(doc["rows"]) == 11
-    table = run(["-m", "launcher.zero.estimate", "--gpt", "48,1600,50257", "--num_gpus", "8"], check=True).stdout
+    table = run(["-m", "launcher.zero.engine.estimate", "--gpt", "48,1600,50257", "--num_gpus", "8"], check=True).stdout
     assert "stage=3, offload_optimizer=cpu, offload_param=cpu, zero_init=1" in table
     # launcher/zero/__init__ belongs to the engine; the estimator itself must not pull torch in.
-    assert "NOTORCH" in out, "importing launcher.zero.estimate imported torch"
+    assert "NOTORCH" in out, "importing launcher.zero.engine.estimate imported torch"
 
 
 def test_cli_bad_input_exits_2():
-    p = run(["-m", "launcher.zero.estimate", "--gpt", "48,1600"])
+    p = run(["-m", "launcher.zero.engine.estimate", "--gpt", "48,1600"])
     assert p.returncode == 2 and "LAYERS,HIDDEN,VOCAB" in p.stderr
 
 
 def test_out_of_memory_note_uses_the_runs_config():
     torch = pytest.importorskip("torch")
-    from launcher.zero.config import load_config
+    from launcher.zero.config.load import load_config
     cfg = load_config({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {
         "stage": 3, "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}}}, world_size=2)
     with torch.device("meta"):
@@ -185,12 +185,12 @@ def test_against_the_installed_deepspeed_when_there_is_one():
 @pytest.mark.parametrize("text, count", [("1.5B", 1.5e9), ("350M", 350e6), ("125k", 125e3), ("7b", 7e9),
                                          ("1.5e9", 1.5e9), ("1_000", 1000.0)])
 def test_params_are_read_as_people_write_them(text, count):
-    from launcher.zero.estimate import parse_count
+    from launcher.zero.engine.estimate import parse_count
     assert parse_count(text) == count
 
 
 def test_cli_takes_1_5B_and_rejects_words_with_a_hint():
-    same = [run(["-m", "launcher.zero.estimate", "--params", p, "--json"], check=True).stdout for p in ("1.5B", "1.5e9")]
+    same = [run(["-m", "launcher.zero.engine.estimate", "--params", p, "--json"], check=True).stdout for p in ("1.5B", "1.5e9")]
     assert same[0] == same[1]
-    bad = run(["-m", "launcher.zero.estimate", "--params", "lots"])
+    bad = run(["-m", "launcher.zero.engine.estimate", "--params", "lots"])
     assert bad.returncode == 2 and "write 1.5B, 350M, 125k or 1.5e9" in bad.stderr

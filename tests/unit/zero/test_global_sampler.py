@@ -1,7 +1,7 @@
 """The engine's data sampler: one global order, split over any world size, resumable."""
 import pytest
 
-from launcher.zero.data import GlobalBatchSampler
+from launcher.zero.engine.data import GlobalBatchSampler
 
 
 def steps(length, world, micro, accumulation, consumed=0, passes=1):

@@ -74,7 +74,7 @@ def test_grads_reach_the_host_in_backward_and_the_factor_goes_to_the_cpu_adam(st
     engine.backward(engine(x).float().pow(2).mean())   # a boundary micro-step (no accumulation)
     strategy.prepare_master_grads()
     grads = strategy.norm_grads()
-    assert all(g.device == strategy.context.dist.device and g.data_ptr() != host.data_ptr() for g in grads)
+    assert all(g.device == strategy.context.dist_context.device and g.data_ptr() != host.data_ptr() for g in grads)
     covered = strategy.placement.expected[0]
     assert torch.equal(host[:covered], grads[0][:covered].float()), "copied while backward ran"
     before = host.clone()

@@ -9,7 +9,7 @@ from collections import deque
 import pytest
 
 from launcher.zero.errors import ConfigError
-from launcher.zero.pipe.schedule import BACKWARD, FORWARD, build_schedule
+from launcher.zero.pipeline.schedule import BACKWARD, FORWARD, build_schedule
 
 SIZES = [(2, 2, 2), (4, 2, 2), (8, 2, 2), (4, 2, 3), (8, 4, 2), (4, 4, 2), (3, 4, 2), (6, 4, 2), (12, 4, 3)]
 

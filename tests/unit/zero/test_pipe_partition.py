@@ -2,8 +2,8 @@
 import pytest
 
 from launcher.zero.errors import ConfigError
-from launcher.zero.pipe.partition import partition_balanced, partition_layers, partition_uniform
-from launcher.zero.pipe.schedule import BACKWARD, FORWARD, build_schedule
+from launcher.zero.pipeline.partition import partition_balanced, partition_layers, partition_uniform
+from launcher.zero.pipeline.schedule import BACKWARD, FORWARD, build_schedule
 
 # the reference's 8-layer model: Linear 8->64, Tanh, Linear 64->16, Tanh, Linear 16->16, Tanh, Linear 16->8, Linear 8->4
 COUNTS = [576, 0, 1040, 0, 272, 0, 136, 36]

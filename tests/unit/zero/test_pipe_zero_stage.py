@@ -5,7 +5,7 @@ import torch
 from launcher import zero
 from launcher.zero.errors import ConfigError
 from launcher.zero.pipe import LayerSpec, PipelineModule
-from launcher.zero.pipe.shard import OptimizerShard
+from launcher.zero.pipeline.shard import OptimizerShard
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from launcher.errors import ConfigError as LauncherConfigError
-from launcher.zero.config import load_config, no_effect_notes, resolve_batch
+from launcher.zero.config.load import load_config, no_effect_notes, resolve_batch
 from launcher.zero.errors import ConfigError
 
 
@@ -116,13 +116,13 @@ def test_resolve_batch_is_pure():
 
 
 def test_import_is_torch_free():
-    code = "import sys, launcher.zero.config, launcher.zero; launcher.zero.load_config({'train_batch_size': 2}); print('torch' in sys.modules)"
+    code = "import sys, launcher.zero.config.load, launcher.zero; launcher.zero.load_config({'train_batch_size': 2}); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False"
 
 
 def test_progress_line_is_one_parsable_line_with_total_eta_and_rates():
-    from launcher.zero.monitor import progress_line
+    from launcher.zero.engine.monitor import progress_line
     line = progress_line(20, 150, {"loss": 2.8756, "lr": "1.0000e-03", "loss_scale": 1.0, "skipped": 0}, 123.4, 64, 5.1)
     assert line == ("progress step=20/150 loss=2.8756 lr=1.0000e-03 loss_scale=1 skipped=0 samples/s=123.4 "
                     "tokens/s=7898 elapsed=5s eta=33s")

@@ -1,9 +1,9 @@
 """The fp16 dynamic loss scaler against DeepSpeed 0.19.8's ZeRO rules (reference §3.1)."""
 import pytest
 
-from launcher.zero.config_schema import FP16Config
+from launcher.zero.config.schema import FP16Config
 from launcher.zero.errors import LossScaleAtMinimumError
-from launcher.zero.loss_scaler import LossScaler, ScalerRules, initial_state, rules_from_config, update
+from launcher.zero.engine.loss_scaler import LossScaler, ScalerRules, initial_state, rules_from_config, update
 
 PATTERN = [True, True, False, True, False, False, False, False, True, True, True]
 

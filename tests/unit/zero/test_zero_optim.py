@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from launcher.zero.config_schema import NamedConfig
+from launcher.zero.config.schema import NamedConfig
 from launcher.zero.errors import ConfigError
 from launcher.zero.optim import Lamb, build_optimizer, lamb_coefficient
 
@@ -50,7 +50,7 @@ def test_optimizer_errors(spec, match):
 def test_adam_reads_generator_params_once_and_stays_unfused_on_cpu():
     import torch
 
-    from launcher.zero.config_schema import NamedConfig
+    from launcher.zero.config.schema import NamedConfig
     from launcher.zero.optim import build_optimizer
     model = torch.nn.Linear(4, 2)
     opt = build_optimizer(NamedConfig("Adam", {"lr": 1e-3}), model.parameters())

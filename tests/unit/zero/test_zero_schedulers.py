@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from launcher.zero.config_schema import NamedConfig
+from launcher.zero.config.schema import NamedConfig
 from launcher.zero.errors import ConfigError
 from launcher.zero.sched import LRRangeTest, OneCycle, WarmupCosineLR, WarmupDecayLR, WarmupLR, build_scheduler
 from launcher.zero.sched import formulas

@@ -14,35 +14,35 @@ import torch.distributed as dist
 def square_sum(strategy) -> torch.Tensor:
     """The sum of squares of ``strategy``'s master grads over all ranks (0-dim float64)."""
     ctx = strategy.context
-    if strategy.offload_optimizer and strategy._norm_on_device and ctx.dist.device.type == "cuda":
+    if strategy.offload_optimizer and strategy._norm_on_device and ctx.dist_context.device.type == "cuda":
         return _from_device(strategy)
-    device = strategy.masters[0].device if strategy.masters else ctx.dist.device
+    device = strategy.masters[0].device if strategy.masters else ctx.dist_context.device
     total = torch.zeros((), dtype=torch.float64, device=device)
     for master, slots in zip(strategy.masters, strategy.group_slots):
         if master.grad is None or master.grad.numel() == 0:
             continue
         grad = master.grad.detach()
         total = total + torch.linalg.vector_norm(grad, dtype=torch.float32).double().square()
-        if ctx.dist.rank != 0:   # rank 0 alone accounts for the parameters every rank holds whole
+        if ctx.dist_context.rank != 0:   # rank 0 alone accounts for the parameters every rank holds whole
             total = total - pieces_square_sum([grad[s.offset:s.offset + s.length] for s in slots if s.persistent],
                                               total.device)
-    if ctx.dist.world_size > 1:
-        total = total.to(ctx.dist.device)
-        dist.all_reduce(total, group=ctx.dist.group)
+    if ctx.dist_context.world_size > 1:
+        total = total.to(ctx.dist_context.device)
+        dist.all_reduce(total, group=ctx.dist_context.group)
     return total
 
 
 def _from_device(strategy) -> torch.Tensor:
     """The partitioned squares summed on the device during backward, plus (rank 0) the persistent ones."""
     ctx = strategy.context
-    total = torch.as_tensor(strategy._device_squares, dtype=torch.float64, device=ctx.dist.device).reshape(())
-    if ctx.dist.rank == 0:
+    total = torch.as_tensor(strategy._device_squares, dtype=torch.float64, device=ctx.dist_context.device).reshape(())
+    if ctx.dist_context.rank == 0:
         pieces = [master.grad[slot.offset:slot.offset + slot.length]
                   for master, slots in zip(strategy.masters, strategy.group_slots) if master.grad is not None
                   for slot in slots if slot.persistent]
-        total = total + pieces_square_sum(pieces, total.device).to(ctx.dist.device)
-    if ctx.dist.world_size > 1:
-        dist.all_reduce(total, group=ctx.dist.group)
+        total = total + pieces_square_sum(pieces, total.device).to(ctx.dist_context.device)
+    if ctx.dist_context.world_size > 1:
+        dist.all_reduce(total, group=ctx.dist_context.group)
     return total
 
 

@@ -22,7 +22,7 @@ class Stage3StepOverlap:
 
     def __init__(self, strategy, module: torch.nn.Module, optimizer):
         self.strategy = strategy
-        self.overlap = StepOverlap(strategy.context.dist.device)
+        self.overlap = StepOverlap(strategy.context.dist_context.device)
         self.needs: dict[int, tuple[int, int]] = {}
         for position, (params, slots) in enumerate(zip(strategy.group_params, strategy.group_slots)):
             for param, slot in zip(params, slots):

@@ -53,7 +53,7 @@ class Stage3State:
             for name, p in params.items():
                 if name not in state:
                     continue
-                value = state[name].to(device=self.context.dist.device)
+                value = state[name].to(device=self.context.dist_context.device)
                 if P.is_partitioned(p):
                     P.update_shard_from_full(p, value.to(p.ds_state.shard.dtype))
                 else:

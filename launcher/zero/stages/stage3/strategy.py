@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from launcher.zero.collectives import gradient_scales
+from launcher.zero.distributed.collectives import broadcast_from, gradient_scales
 from launcher.zero.errors import ConfigError
 from launcher.zero.layout.flat import trainable_groups
 from launcher.zero.stages.stage3 import params as P
@@ -65,9 +65,9 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         self.offload_optimizer = zero.offload_optimizer_active
         self.offload_param = zero.offload_param is not None and zero.offload_param.active
         pin = bool(self.offload_optimizer and zero.offload_optimizer.pin_memory)
-        self.master_device = torch.device("cpu") if self.offload_optimizer else ctx.dist.device
-        self.shard_device = torch.device("cpu") if self.offload_param else ctx.dist.device
-        self.pre_scale, self.post_scale = gradient_scales(ctx.config, ctx.dist.world_size)
+        self.master_device = torch.device("cpu") if self.offload_optimizer else ctx.dist_context.device
+        self.shard_device = torch.device("cpu") if self.offload_param else ctx.dist_context.device
+        self.pre_scale, self.post_scale = gradient_scales(ctx.config, ctx.dist_context.world_size)
         names = {id(p): n for n, p in module.named_parameters()}
         trainable = trainable_groups(optimizer, names)
         self._place_parameters(module, trainable)
@@ -83,17 +83,18 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         for index, params in trainable:
             whole = [not P.is_partitioned(p) for p in params]
             slots, total = plan_group([names[id(p)] for p in params], [tuple(P.full_shape(p)) for p in params],
-                                      whole, ctx.dist.world_size, ctx.dist.rank)
+                                      whole, ctx.dist_context.world_size, ctx.dist_context.rank)
             master = self._build_master(params, slots, total, pin)
             self.group_slots.append(slots)
             self.group_params.append(params)
             self.masters.append(master)
-            grad_device = self.master_device if self.offload_optimizer else ctx.dist.device
+            grad_device = self.master_device if self.offload_optimizer else ctx.dist_context.device
             self.grads.append(host_buffer(total, grad_dtype, pin) if grad_device.type == "cpu" and pin
                               else torch.zeros(total, dtype=grad_dtype, device=grad_device))
             optimizer.param_groups[index]["params"] = [master]
-        cuda = ctx.dist.device.type == "cuda" and torch.cuda.is_available()
-        self._copy_stream = torch.cuda.Stream(device=ctx.dist.device) if cuda and self.offload_optimizer else None
+        cuda = ctx.dist_context.device.type == "cuda" and torch.cuda.is_available()
+        on_device = cuda and self.offload_optimizer
+        self._copy_stream = torch.cuda.Stream(device=ctx.dist_context.device) if on_device else None
         self.coordinator = ParamCoordinator(module, self.options)
         self.coordinator.install()
         self._overlap_helper = None
@@ -148,26 +149,26 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
                 if P.is_partitioned(p):
                     self._adopt(p, keep_whole, dtype)
                     continue
-                data = p.data.to(device=ctx.dist.device, dtype=dtype if p.is_floating_point() else p.dtype)
-                if ctx.dist.world_size > 1:
-                    dist.broadcast(data, src=self._global_rank(0), group=ctx.dist.group)
+                data = p.data.to(device=ctx.dist_context.device, dtype=dtype if p.is_floating_point() else p.dtype)
+                if ctx.dist_context.world_size > 1:
+                    broadcast_from(data, group=ctx.dist_context.group)
                 p.data = data
                 if not keep_whole:
-                    P.partition(p, ctx.dist.group, ctx.dist.rank, ctx.dist.world_size, ctx.dist.device,
-                                shard_device=self.shard_device)
+                    P.partition(p, ctx.dist_context.group, ctx.dist_context.rank, ctx.dist_context.world_size,
+                                ctx.dist_context.device, shard_device=self.shard_device)
             for b in module.buffers():
-                b.data = b.data.to(ctx.dist.device)
-                if ctx.dist.world_size > 1:
-                    dist.broadcast(b.data, src=self._global_rank(0), group=ctx.dist.group)
+                b.data = b.data.to(ctx.dist_context.device)
+                if ctx.dist_context.world_size > 1:
+                    broadcast_from(b.data, group=ctx.dist_context.group)
 
     def _adopt(self, p, keep_whole: bool, dtype) -> None:
         """A parameter partitioned by zero.Init: check its group, fix dtype and device, maybe make it whole."""
         ctx, state = self.context, p.ds_state
-        if state.world_size != ctx.dist.world_size or state.rank != ctx.dist.rank:
+        if state.world_size != ctx.dist_context.world_size or state.rank != ctx.dist_context.rank:
             raise ConfigError(f"zero.Init partitioned a parameter over {state.world_size} ranks, "
-                              f"the engine runs on {ctx.dist.world_size}",
+                              f"the engine runs on {ctx.dist_context.world_size}",
                               hint="build the model under zero.Init with the engine's process group")
-        state.device = ctx.dist.device
+        state.device = ctx.dist_context.device
         if keep_whole:
             P.finish_gather(p)
             full = p.data.clone()
@@ -179,10 +180,6 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         state.shard = state.shard.to(self.shard_device)
         p.ds_tensor = state.shard
         p.data = P.empty_like_param(state.shard, state.device)
-
-    def _global_rank(self, group_rank: int) -> int:
-        group = self.context.dist.group
-        return group_rank if group is None else dist.get_global_rank(group, group_rank)
 
     def _build_master(self, params, slots, total: int, pin: bool) -> torch.Tensor:
         """The group's flat master; in fp32 without offload the shards become views of it (no copy)."""
@@ -215,7 +212,7 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         """One model-dtype buffer laid out like the master, holding the group's shards and
         persistent parameters as views, so the step writes it back with one copy per range
         instead of one per parameter. None where the shards live elsewhere (offload_param)."""
-        device = self.context.dist.device
+        device = self.context.dist_context.device
         tensors = [p.data if slot.persistent else p.ds_state.shard for p, slot in zip(params, slots)]
         if not tensors or any(t.device != device or t.dtype != tensors[0].dtype for t in tensors):
             return None
@@ -240,7 +237,7 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         if grad is None:
             return
         ctx = self.context
-        world = ctx.dist.world_size
+        world = ctx.dist_context.world_size
         target = self.grads[position][slot.offset:slot.offset + slot.length]
         if world == 1 and target.device == grad.device:   # nothing to scatter: straight into the shard
             target[:slot.numel].add_(grad.reshape(-1), alpha=self.pre_scale * self.post_scale)
@@ -257,7 +254,7 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         if self.pre_scale != 1.0:
             padded.mul_(self.pre_scale)
         out = torch.empty(slot.length, dtype=padded.dtype, device=padded.device)
-        work = reduce_scatter_shard(out, padded, ctx.dist.group, async_op=True)
+        work = reduce_scatter_shard(out, padded, ctx.dist_context.group, async_op=True)
         self._pending.append((work, out, target, (position, slot_index)))
         self._keep_alive.append(padded)
         self._pending_numel += padded.numel()
@@ -313,12 +310,12 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         if not pairs:
             return
         flat = torch.cat([p.grad.reshape(-1).to(ctx.precision.comm_dtype) if p.grad is not None
-                          else torch.zeros(slot.numel, dtype=ctx.precision.comm_dtype, device=ctx.dist.device)
+                          else torch.zeros(slot.numel, dtype=ctx.precision.comm_dtype, device=ctx.dist_context.device)
                           for p, _, slot in pairs])
-        if ctx.dist.world_size > 1 and ctx.reduce_gradients:
+        if ctx.dist_context.world_size > 1 and ctx.reduce_gradients:
             if self.pre_scale != 1.0:
                 flat.mul_(self.pre_scale)
-            dist.all_reduce(flat, group=ctx.dist.group)
+            dist.all_reduce(flat, group=ctx.dist_context.group)
             if self.post_scale != 1.0:
                 flat.mul_(self.post_scale)
         grads = self.grads[0]
@@ -395,7 +392,7 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
     @property
     def _copies_overwrite(self) -> bool:
         """Offload from a GPU: a shard's first gradient of a step is copied over the host buffer."""
-        return self.offload_optimizer and self.context.dist.device.type == "cuda"
+        return self.offload_optimizer and self.context.dist_context.device.type == "cuda"
 
     def zero_grad(self) -> None:
         self._touched.clear()

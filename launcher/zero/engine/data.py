@@ -70,3 +70,21 @@ def build_dataloader(dataset, config, dist_context, collate_fn=None) -> DataLoad
     return DataLoader(dataset, batch_size=config.train_micro_batch_size_per_gpu, sampler=sampler,
                       collate_fn=collate_fn, drop_last=True,
                       pin_memory=dist_context.device.type == "cuda" and torch.cuda.is_available())
+
+
+class RepeatingLoader:
+    """Wraps an iterable (a DataLoader) and starts it again when it runs out, forever."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.data_iter = iter(self.loader)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        try:
+            return next(self.data_iter)
+        except StopIteration:
+            self.data_iter = iter(self.loader)
+            return next(self.data_iter)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import inspect
 
-from launcher.zero.config_schema import NamedConfig, ZeroConfig
+from launcher.zero.config.schema import NamedConfig, ZeroConfig
 from launcher.zero.errors import ConfigError
 
 # DeepSpeed's names, matched case-insensitively -> the keyword arguments the engine accepts

@@ -13,7 +13,7 @@ import math
 import os
 from typing import Any, Mapping
 
-from launcher.zero.config_schema import (
+from launcher.zero.config.schema import (
     ACCEPTED_UNSUPPORTED, NamedConfig, ZeroConfig,
 )
 from launcher.zero.errors import ConfigError

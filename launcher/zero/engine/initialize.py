@@ -11,16 +11,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from launcher.zero import failure
-from launcher.zero.config import load_config, no_effect_notes
-from launcher.zero.dist import DistContext, context_from_group, init_distributed
-from launcher.zero.engine import EngineParts, TensorParallelInfo, ZeroEngine
+from launcher.zero.engine import failure
+from launcher.zero.config.load import load_config, no_effect_notes
+from launcher.zero.distributed.context import DistContext, context_from_group, init_distributed
+from launcher.zero.engine.zero_engine import EngineParts, TensorParallelInfo, ZeroEngine
 from launcher.zero.errors import ConfigError
-from launcher.zero.loss_scaler import LossScaler, rules_from_config
-from launcher.zero.monitor import Monitor, ready_line
+from launcher.zero.engine.loss_scaler import LossScaler, rules_from_config
+from launcher.zero.engine.monitor import Monitor, ready_line
 from launcher.zero.optim import build_optimizer, check_zero_support
 from launcher.zero.parallel.topology import check_autotp_size
-from launcher.zero.precision import precision_policy
+from launcher.zero.engine.precision import precision_policy
 from launcher.zero.sched import build_scheduler
 from launcher.zero.stages.base import StrategyContext, resolve_strategy
 
@@ -41,7 +41,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
         raise ConfigError("zero.initialize: model is required", hint="zero.initialize(model=model, config=...)")
     source = _config_source(config, config_params, args, environ.get("DSLAUNCH_CONFIG"))
     if _is_pipeline(model):
-        from launcher.zero.pipe.build import initialize_pipeline
+        from launcher.zero.pipeline.build import initialize_pipeline
 
         return initialize_pipeline(model, optimizer, lr_scheduler, source, training_data, collate_fn)
     dist_context = context_from_group(process_group) if process_group is not None else init_distributed(env=environ)
@@ -61,8 +61,9 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     if handles_comm and cfg.zero_stage != 0:
         raise ConfigError(f"optimizer {type(optimizer).__name__} does its own gradient communication and needs "
                           f"zero_optimization.stage 0 (got {cfg.zero_stage})", hint="set zero_optimization.stage to 0")
-    strategy = _strategy_class(cfg, mpu, model)(StrategyContext(config=cfg, dist=dist_context, precision=precision,
-                                            reduce_gradients=not handles_comm))
+    context = StrategyContext(config=cfg, dist_context=dist_context, precision=precision,
+                              reduce_gradients=not handles_comm)
+    strategy = _strategy_class(cfg, mpu, model)(context)
     strategy.setup(model, optimizer)
     scheduler = _build_scheduler(lr_scheduler, optimizer, cfg)
     scaler = LossScaler(rules_from_config(cfg.fp16, cfg.zero_stage)) if cfg.fp16.enabled else None
@@ -71,7 +72,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
         monitor.log(note)
     dataloader = _dataloader(training_data, cfg, dist_context, collate_fn)
     engine = ZeroEngine(EngineParts(module=model, optimizer=optimizer, lr_scheduler=scheduler, config=cfg,
-                                    dist=dist_context, precision=precision, strategy=strategy,
+                                    dist_context=dist_context, precision=precision, strategy=strategy,
                                     loss_scaler=scaler, monitor=monitor, dataloader=dataloader))
     if mpu is not None:
         engine.tensor_parallel = tensor_info
@@ -93,7 +94,7 @@ def _strategy_class(cfg, mpu, model) -> type:
 def _dataloader(training_data, cfg, dist_context: DistContext, collate_fn):
     if training_data is None:
         return None
-    from launcher.zero.data import build_dataloader
+    from launcher.zero.engine.data import build_dataloader
 
     return build_dataloader(training_data, cfg, dist_context, collate_fn)
 
@@ -102,8 +103,9 @@ def _say_ready(engine: ZeroEngine, monitor: Monitor, param_count: int) -> None:
     """The first line, before the first step: stage, precision, world size and bytes per rank."""
     cfg = engine.config
     precision = "fp16" if cfg.fp16.enabled else "bf16" if cfg.bf16.enabled else "fp32"
-    monitor.log(ready_line(cfg.zero_stage, precision, engine.dist.world_size, param_count, engine.memory_breakdown()))
-    if precision != "fp32" and engine.dist.device.type == "cpu":
+    monitor.log(ready_line(cfg.zero_stage, precision, engine.dist_context.world_size, param_count,
+                           engine.memory_breakdown()))
+    if precision != "fp32" and engine.dist_context.device.type == "cpu":
         monitor.log(f"{precision} on CPU: most CPUs have no fast {precision} matrix kernels, so steps can run several "
                     f"times slower than fp32; 16-bit precision pays off on a GPU")
 
@@ -136,7 +138,7 @@ def _data_parallel_context(mpu, world: DistContext) -> DistContext:
 
 
 def _is_pipeline(model) -> bool:
-    from launcher.zero.pipe.module import PipelineModule
+    from launcher.zero.pipeline.module import PipelineModule
 
     return isinstance(model, PipelineModule)
 

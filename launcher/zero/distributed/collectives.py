@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from launcher.zero.dist import DistContext
+from launcher.zero.distributed.context import DistContext
 
 
 def all_gather_into(output: torch.Tensor, shard: torch.Tensor, ctx: DistContext) -> None:
@@ -31,16 +31,22 @@ def reduce_async(tensor: torch.Tensor, owner: int, ctx: DistContext):
     return dist.reduce(tensor, dst=dst, group=ctx.group, async_op=True)
 
 
+def broadcast_from(tensor: torch.Tensor, group_rank: int = 0, group=None) -> None:
+    """Overwrite ``tensor`` on every rank of ``group`` (None: the default group) with the copy of
+    the group's rank ``group_rank`` (the first rank unless told)."""
+    src = group_rank if group is None else dist.get_global_rank(group, group_rank)
+    dist.broadcast(tensor, src=src, group=group)
+
+
 def broadcast_module_from_first(module: torch.nn.Module, ctx: DistContext) -> None:
     """Give every rank the parameters and buffers of the group's rank 0 (DeepSpeed does this at
     ``initialize`` at every stage, so per-rank seeds still train one model)."""
     if ctx.world_size == 1:
         return
-    src = 0 if ctx.group is None else dist.get_global_rank(ctx.group, 0)
     tensors = list(dict.fromkeys(module.parameters())) + list(dict.fromkeys(module.buffers()))
     with torch.no_grad():
         for tensor in tensors:
-            dist.broadcast(tensor.data, src=src, group=ctx.group)
+            broadcast_from(tensor.data, group=ctx.group)
 
 
 def wait(handles) -> None:

@@ -8,16 +8,16 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from launcher.zero.config import load_config
+from launcher.zero.config.load import load_config
 from launcher.zero.errors import ConfigError
-from launcher.zero.loss_scaler import LossScaler, rules_from_config
+from launcher.zero.engine.loss_scaler import LossScaler, rules_from_config
 from launcher.zero.optim import build_optimizer
 from launcher.zero.parallel.topology import check_autotp_size
-from launcher.zero.pipe.engine import PipelineEngine
-from launcher.zero.pipe.module import PipelineModule
-from launcher.zero.pipe.schedule import SCHEDULES, build_schedule
-from launcher.zero.pipe.shard import GradHolder, OptimizerShard, check_shardable
-from launcher.zero.precision import precision_policy
+from launcher.zero.pipeline.engine import PipelineEngine
+from launcher.zero.pipeline.module import PipelineModule
+from launcher.zero.pipeline.schedule import SCHEDULES, build_schedule
+from launcher.zero.pipeline.shard import GradHolder, OptimizerShard, check_shardable
+from launcher.zero.engine.precision import precision_policy
 from launcher.zero.sched import build_scheduler
 
 

@@ -2,7 +2,7 @@
 
 Torch-free: `dslaunch --dry-run --config` validates configs without importing torch.
 Every field's metadata says how to check it: ``kind`` (bool, int, float, str, dict, any),
-optional ``min``/``choices``/``aliases``, and ``doc``. The builder in config.py reads it.
+optional ``min``/``choices``/``aliases``, and ``doc``. The builder in load.py reads it.
 """
 from __future__ import annotations
 

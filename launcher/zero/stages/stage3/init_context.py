@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.modules import module as torch_module
 
+from launcher.zero.distributed.collectives import broadcast_from
 from launcher.zero.errors import ConfigError
 from launcher.zero.stages.stage3 import params as P
 
@@ -31,7 +32,7 @@ def _config_choices(config) -> tuple[torch.dtype | None, bool]:
     """(parameter dtype, shards on the CPU) from a config dict/path, or (None, False)."""
     if config is None:
         return None, False
-    from launcher.zero.config import load_config
+    from launcher.zero.config.load import load_config
 
     cfg = load_config(config)
     dtype = torch.float16 if cfg.fp16.enabled else torch.bfloat16 if cfg.bf16.enabled else None
@@ -70,10 +71,10 @@ class Init:
 
     def _start(self) -> None:
         if not (dist.is_available() and dist.is_initialized()):
-            from launcher.zero.dist import init_distributed
+            from launcher.zero.distributed.context import init_distributed
 
             init_distributed()
-        from launcher.zero.dist import context_from_group
+        from launcher.zero.distributed.context import context_from_group
 
         ctx = context_from_group(self._group, device=self._device)
         self.rank, self.world_size, self.device = ctx.rank, ctx.world_size, ctx.device
@@ -139,7 +140,7 @@ class Init:
             if self.dtype is not None and data.is_floating_point():
                 data = data.to(self.dtype)
             if self.world_size > 1:
-                dist.broadcast(data, src=_global_rank(self.group, 0), group=self.group)
+                broadcast_from(data, group=self.group)
             p.data = data
             P.partition(p, self.group, self.rank, self.world_size, self.device, shard_device=self.shard_device)
             if self.pin_memory and self.shard_device.type == "cpu" and torch.cuda.is_available():
@@ -157,10 +158,6 @@ def _modules_under_construction() -> set[int]:
                 building.add(id(owner))
         frame = frame.f_back
     return building
-
-
-def _global_rank(group, group_rank: int) -> int:
-    return group_rank if group is None else dist.get_global_rank(group, group_rank)
 
 
 def _as_list(params) -> list[torch.nn.Parameter]:
@@ -210,8 +207,18 @@ class GatheredParameters:
             for p in self.params:
                 group = p.ds_state.group if P.is_partitioned(p) else None
                 if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
-                    dist.broadcast(p.data, src=_global_rank(group, self.modifier_rank), group=group)
+                    broadcast_from(p.data, self.modifier_rank, group)
                 if P.is_partitioned(p):
                     P.update_shard_from_full(p, p.data)
                 elif getattr(p, "ds_after_modify", None) is not None:
                     p.ds_after_modify(p)
+
+
+# DeepSpeed needs these to gather a parameter another module reads during forward; at stage 3 this
+# engine gathers a partitioned parameter whenever any module reads it, so there is nothing to do.
+def register_external_parameter(module, parameter) -> None:
+    """No-op (see the comment above)."""
+
+
+def unregister_external_parameter(module, parameter) -> None:
+    """No-op (see the comment above)."""

@@ -16,14 +16,14 @@ from typing import Any
 
 import torch
 
-from launcher.zero.config_schema import ZeroConfig
-from launcher.zero.dist import DistContext
-from launcher.zero.engine_api import EngineAccessors
+from launcher.zero.config.schema import ZeroConfig
+from launcher.zero.distributed.context import DistContext
+from launcher.zero.engine.accessors import EngineAccessors
 from launcher.zero.errors import ConfigError
-from launcher.zero.loss_scaler import LossScaler
-from launcher.zero.monitor import Monitor, PhaseTimer, progress_line
-from launcher.zero.plain_backward import BackwardHooks
-from launcher.zero.precision import PrecisionPolicy
+from launcher.zero.engine.loss_scaler import LossScaler
+from launcher.zero.engine.monitor import Monitor, PhaseTimer, progress_line
+from launcher.zero.engine.plain_backward import BackwardHooks
+from launcher.zero.engine.precision import PrecisionPolicy
 from launcher.zero.stages.base import DeviceNorm, ZeroStrategy, clip_factor
 
 
@@ -44,7 +44,7 @@ class EngineParts:
     optimizer: torch.optim.Optimizer
     lr_scheduler: Any
     config: ZeroConfig
-    dist: DistContext
+    dist_context: DistContext
     precision: PrecisionPolicy
     strategy: ZeroStrategy
     loss_scaler: LossScaler | None
@@ -60,7 +60,7 @@ class ZeroEngine(EngineAccessors):
         self.optimizer = parts.optimizer
         self.lr_scheduler = parts.lr_scheduler
         self.config = parts.config
-        self.dist = parts.dist
+        self.dist_context = parts.dist_context
         self.precision = parts.precision
         self.strategy = parts.strategy
         self.loss_scaler = parts.loss_scaler
@@ -80,7 +80,7 @@ class ZeroEngine(EngineAccessors):
         # the progress line's "step=N/total" and ETA: a schedule's length, else what the script sets
         self.total_steps: int | None = getattr(self.lr_scheduler, "total_num_steps", None)
         self._tokens_per_sample: int | None = None
-        sync = torch.cuda.synchronize if self.dist.device.type == "cuda" else None
+        sync = torch.cuda.synchronize if self.dist_context.device.type == "cuda" else None
         self.timers = PhaseTimer(self.config.wall_clock_breakdown, sync)
         self._backward_hooks = BackwardHooks(self.strategy.stage, self._loss_factor,
                                              self._backward_prologue, self.strategy.post_backward)
@@ -184,10 +184,10 @@ class ZeroEngine(EngineAccessors):
         try:
             yield
         except OUT_OF_MEMORY as error:
-            from launcher.zero.estimate import out_of_memory_note
+            from launcher.zero.engine.estimate import out_of_memory_note
             try:
-                note = out_of_memory_note(self.module, self.config, self.dist.world_size,
-                                          self.dist.local_world_size, self.dist.device)
+                note = out_of_memory_note(self.module, self.config, self.dist_context.world_size,
+                                          self.dist_context.local_world_size, self.dist_context.device)
             except Exception as failure:  # the note must never hide the real error
                 note = f"(no memory estimate: {failure})"
             raise type(error)(f"{error}\n[zero] {note}") from error
@@ -343,12 +343,12 @@ class ZeroEngine(EngineAccessors):
     def deepspeed_io(self, dataset, batch_size=None, route=None, pin_memory=None, data_sampler=None,
                      collate_fn=None, num_local_io_workers=None):
         """A DataLoader over this rank's share of ``dataset`` in micro-batches (as training_data=)."""
-        from launcher.zero.data import build_dataloader
+        from launcher.zero.engine.data import build_dataloader
 
         if data_sampler is not None or (batch_size not in (None, self.train_micro_batch_size_per_gpu())):
             raise ConfigError("deepspeed_io: a custom data_sampler or batch_size is not supported",
                               hint="build your own torch DataLoader, or leave both out")
-        return build_dataloader(dataset, self.config, self.dist, collate_fn)
+        return build_dataloader(dataset, self.config, self.dist_context, collate_fn)
 
     def no_sync(self):
         """Not supported: let the engine accumulate (``gradient_accumulation_steps``) instead."""
@@ -369,17 +369,17 @@ class ZeroEngine(EngineAccessors):
         gather = getattr(self.strategy, "gathered_16bit_state_dict", None)
         state = gather() if gather is not None else self.strategy.module_state_dict()
         if state is None:  # stage 3 without stage3_gather_16bit_weights_on_model_save, as DeepSpeed
-            if self.dist.rank == 0:
+            if self.dist_context.rank == 0:
                 print("[zero] save_16bit_model: nothing saved; set zero_optimization."
                       "stage3_gather_16bit_weights_on_model_save to true", flush=True)
             return False
-        if self.dist.rank == 0:   # written aside and renamed: nobody ever reads half a file
+        if self.dist_context.rank == 0:   # written aside and renamed: nobody ever reads half a file
             os.makedirs(save_dir, exist_ok=True)
             path = os.path.join(save_dir, save_filename)
             torch.save(state, path + ".partial")
             os.replace(path + ".partial", path)
-        if self.dist.world_size > 1:   # every rank returns once the file is there to read
-            torch.distributed.barrier(group=self.dist.group)
+        if self.dist_context.world_size > 1:   # every rank returns once the file is there to read
+            torch.distributed.barrier(group=self.dist_context.group)
         return True
 
     save_fp16_model = save_16bit_model   # DeepSpeed's older name

@@ -1,4 +1,4 @@
-"""``deepspeed.utils``: ``RepeatingLoader``, ``logger`` and ``log_dist``."""
+"""The engine's logger (``dslaunch.zero``, to stdout) and ``log_dist``, DeepSpeed's per-rank log call."""
 from __future__ import annotations
 
 import logging
@@ -19,21 +19,3 @@ def log_dist(message: str, ranks=None, level: int = logging.INFO) -> None:
     rank = int(os.environ.get("RANK", 0))
     if ranks is None or -1 in ranks or rank in ranks:
         logger.log(level, f"[Rank {rank}] {message}")
-
-
-class RepeatingLoader:
-    """Wraps an iterable (a DataLoader) and starts it again when it runs out, forever."""
-
-    def __init__(self, loader):
-        self.loader = loader
-        self.data_iter = iter(self.loader)
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        try:
-            return next(self.data_iter)
-        except StopIteration:
-            self.data_iter = iter(self.loader)
-            return next(self.data_iter)

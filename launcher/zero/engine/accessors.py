@@ -1,6 +1,6 @@
 """DeepSpeed's engine accessors: what a script reads off the engine besides forward/backward/step.
 
-A mixin of ZeroEngine (engine.py), which provides ``config``, ``dist``, ``optimizer``,
+A mixin of ZeroEngine (zero_engine.py), which provides ``config``, ``dist_context``, ``optimizer``,
 ``lr_scheduler``, ``loss_scaler``, ``strategy`` and the step counters these read.
 """
 from __future__ import annotations
@@ -14,19 +14,19 @@ class EngineAccessors:
     # ---- DeepSpeed's accessors ------------------------------------------------------------
     @property
     def device(self) -> torch.device:
-        return self.dist.device
+        return self.dist_context.device
 
     @property
     def global_rank(self) -> int:
-        return self.dist.rank
+        return self.dist_context.rank
 
     @property
     def local_rank(self) -> int:
-        return self.dist.local_rank
+        return self.dist_context.local_rank
 
     @property
     def world_size(self) -> int:
-        return self.dist.world_size
+        return self.dist_context.world_size
 
     dp_world_size = world_size
 

@@ -22,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from launcher.zero.errors import ConfigError
 from launcher.zero.parallel.topology import PipeDataParallelTopology, ProcessTopology
-from launcher.zero.pipe.partition import partition_layers
+from launcher.zero.pipeline.partition import partition_layers
 
 
 class LayerSpec:
@@ -83,7 +83,7 @@ class PipelineModule(nn.Module):
         if not self._layer_specs:
             raise ConfigError("PipelineModule: layers is empty", hint="pass the model as a list of LayerSpec / modules")
         if not dist.is_initialized():
-            from launcher.zero.dist import init_distributed
+            from launcher.zero.distributed.context import init_distributed
             init_distributed()
         world_size, self.global_rank = dist.get_world_size(), dist.get_rank()
         # a ParallelGrid may stand for its topology, so that layers built with its tensor group share its groups

@@ -17,9 +17,9 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from launcher.zero.errors import ConfigError
 from launcher.zero.parallel.grid import ParallelGrid
-from launcher.zero.pipe.module import PipelineModule
-from launcher.zero.pipe.p2p import StageLink
-from launcher.zero.pipe.schedule import BACKWARD, FORWARD, build_schedule
+from launcher.zero.pipeline.module import PipelineModule
+from launcher.zero.pipeline.p2p import StageLink
+from launcher.zero.pipeline.schedule import BACKWARD, FORWARD, build_schedule
 
 
 class PipelineEngine:
@@ -107,13 +107,13 @@ class PipelineEngine:
 
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True) -> str:
         """Collective: every stage's layers and optimizer under ``save_dir/<tag>`` (see pipe/checkpoint.py)."""
-        from launcher.zero.pipe.checkpoint import save
+        from launcher.zero.pipeline.checkpoint import save
         return save(self, save_dir, tag, client_state)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True, load_optimizer_states: bool = True,
                         load_lr_scheduler_states: bool = True, **_ignored):
         """Returns ``(tag folder, client_state)``, or ``(None, None)`` when there is no checkpoint."""
-        from launcher.zero.pipe.checkpoint import load
+        from launcher.zero.pipeline.checkpoint import load
         return load(self, load_dir, tag, load_module_strict, load_optimizer_states, load_lr_scheduler_states)
 
     # ---- ties ---------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""Activation checkpointing (``deepspeed.checkpointing``): recompute in backward what forward saved."""

@@ -1,0 +1,1 @@
+"""The distributed context (rank, world, device, group), collectives over it, the accelerator."""

@@ -1,0 +1,1 @@
+"""The pipeline engine behind ``launcher.zero.pipe`` (DeepSpeed's ``deepspeed.pipe``)."""

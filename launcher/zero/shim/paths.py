@@ -1,0 +1,55 @@
+"""Every DeepSpeed module path ``--as-deepspeed`` answers, and what answers it: one table.
+
+A path maps to one of our public modules (the very module object: one set of classes whichever
+name a script uses), or to ``NotBuilt``: the import works and using any of its names raises
+``NotSupportedError`` naming the feature. A ``deepspeed.X`` not in this table does not import,
+so an engine internal can never be reached as ``deepspeed.<something>``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class NotBuilt:
+    """A DeepSpeed module this engine does not have yet: importable, every name raises."""
+
+    feature: str
+    hint: str = "run this script with DeepSpeed itself"
+
+
+DEEPSPEED_PATHS: dict[str, str | NotBuilt] = {
+    "deepspeed": "launcher.zero",
+    "deepspeed.accelerator": "launcher.zero.accelerator",
+    "deepspeed.comm": "launcher.zero.comm",
+    "deepspeed.utils": "launcher.zero.utils",
+    "deepspeed.utils.zero_to_fp32": "launcher.zero.utils.zero_to_fp32",
+    "deepspeed.zero": "launcher.zero.zero",
+    "deepspeed.checkpointing": "launcher.zero.checkpointing",
+    "deepspeed.runtime": "launcher.zero.runtime",
+    "deepspeed.runtime.utils": "launcher.zero.runtime.utils",
+    "deepspeed.runtime.lr_schedules": "launcher.zero.runtime.lr_schedules",
+    "deepspeed.runtime.engine": "launcher.zero.runtime.engine",
+    "deepspeed.runtime.zero": "launcher.zero.zero",
+    "deepspeed.runtime.zero.partition_parameters": "launcher.zero.zero.partition_parameters",
+    "deepspeed.runtime.activation_checkpointing": NotBuilt(
+        "deepspeed.runtime.activation_checkpointing (only its 'checkpointing' module is built)"),
+    "deepspeed.runtime.activation_checkpointing.checkpointing": "launcher.zero.checkpointing",
+    "deepspeed.runtime.pipe": "launcher.zero.pipe",
+    "deepspeed.runtime.pipe.module": "launcher.zero.pipe",
+    "deepspeed.runtime.pipe.topology": "launcher.zero.pipe",
+    "deepspeed.runtime.pipe.engine": "launcher.zero.pipe",
+    "deepspeed.runtime.pipe.schedule": NotBuilt("DeepSpeed's pipeline instruction schedules (deepspeed.runtime.pipe.schedule)"),
+    "deepspeed.pipe": "launcher.zero.pipe",
+    "deepspeed.ops": "launcher.zero.ops",
+    "deepspeed.ops.adam": "launcher.zero.ops.adam",
+    "deepspeed.ops.lamb": "launcher.zero.ops.lamb",
+    "deepspeed.ops.sparse_attention": "launcher.zero.ops.sparse_attention",
+    "deepspeed.ops.op_builder": NotBuilt("DeepSpeed's C++/CUDA op builders (deepspeed.ops.op_builder)",
+                                         hint="this engine builds no ops; use the optimizers in deepspeed.ops.adam"),
+    "deepspeed.checkpoint": NotBuilt("DeepSpeed's checkpoint tools (deepspeed.checkpoint)"),
+    "deepspeed.checkpoint.utils": NotBuilt("deepspeed.checkpoint.utils (clone_tensors_for_torch_save)"),
+    "deepspeed.moe": "launcher.zero.moe",
+    "deepspeed.moe.layer": "launcher.zero.moe.layer",
+    "deepspeed.moe.utils": "launcher.zero.moe.utils",
+}

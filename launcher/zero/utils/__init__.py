@@ -1,0 +1,13 @@
+"""``deepspeed.utils``: ``RepeatingLoader``, ``logger`` and ``log_dist``; ``utils.zero_to_fp32`` below."""
+from launcher.zero.engine.data import RepeatingLoader  # noqa: F401
+from launcher.zero.engine.log import log_dist, logger  # noqa: F401
+
+
+def __getattr__(name: str):
+    """``deepspeed.utils.zero_to_fp32`` after only ``import deepspeed``: import it on first use."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"{__name__}.{name}")
+    except ModuleNotFoundError:
+        raise AttributeError(f"module '{__name__}' has no attribute '{name}'") from None
