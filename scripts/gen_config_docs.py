@@ -19,7 +19,7 @@ import os
 import sys
 
 # The one place that names the schema's module: when the module moves, change this line.
-SCHEMA_MODULE = "launcher.zero.config_schema"
+SCHEMA_MODULE = "launcher.zero.config.schema"
 ROOT_CLASS = "ZeroConfig"
 UNSUPPORTED_SECTIONS = "ACCEPTED_UNSUPPORTED"
 # among those, the sections the pipeline engine and the dry-run read (the page's own text covers them)
