@@ -101,7 +101,9 @@ def top1(logits: Tensor, capacity_factor: float, min_capacity: int, used_token: 
         mask = used_token.unsqueeze(1) * mask
     exp_counts = torch.sum(mask, dim=0).detach()
     if not drop_tokens:
-        capacity = min(largest_count(exp_counts, ep_group), num_tokens)
+        # DeepSpeed also caps this at the local token count: a no-op (no expert gets more tokens
+        # than there are) unless ranks hold different counts, where it would break the exchange.
+        capacity = largest_count(exp_counts, ep_group)
     l_aux = torch.sum(_load_balance(gates, mask)) * num_experts
 
     # Random token selection: a full expert keeps the tokens with the largest uniform draw.
