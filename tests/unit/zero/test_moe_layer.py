@@ -131,7 +131,7 @@ def test_layer_matches_plain_token_by_token_gating(name):
     assert output.shape == (4, 5, HIDDEN)
     assert exp_counts.tolist() == expected_counts
     assert abs(l_aux.item() - expected_aux) < 1e-6
-    print(f"{name}: max abs output error {float((output.view(TOKENS, HIDDEN) - expected).abs().max()):.1e}, "
+    print(f"{name}: max abs output error {(output.view(TOKENS, HIDDEN) - expected).abs().max().item():.1e}, "
           f"l_aux error {abs(l_aux.item() - expected_aux):.1e}")
     torch.testing.assert_close(output.view(TOKENS, HIDDEN), expected, atol=1e-6, rtol=1e-5)
 
