@@ -52,4 +52,7 @@ DEEPSPEED_PATHS: dict[str, str | NotBuilt] = {
     "deepspeed.moe": "launcher.zero.moe",
     "deepspeed.moe.layer": "launcher.zero.moe.layer",
     "deepspeed.moe.utils": "launcher.zero.moe.utils",
+    "deepspeed.profiling": "launcher.zero.profiling",
+    "deepspeed.profiling.flops_profiler": "launcher.zero.profiling.flops_profiler",
+    "deepspeed.profiling.flops_profiler.profiler": "launcher.zero.profiling.flops_profiler",
 }
