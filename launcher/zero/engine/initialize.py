@@ -18,6 +18,7 @@ from launcher.zero.engine.zero_engine import EngineParts, TensorParallelInfo, Ze
 from launcher.zero.errors import ConfigError
 from launcher.zero.engine.loss_scaler import LossScaler, rules_from_config
 from launcher.zero.engine.monitor import Monitor, ready_line
+from launcher.zero.engine.watch import StepWatch
 from launcher.zero.optim import build_optimizer, check_zero_support
 from launcher.zero.parallel.topology import check_autotp_size
 from launcher.zero.engine.precision import precision_policy
@@ -73,7 +74,8 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     dataloader = _dataloader(training_data, cfg, dist_context, collate_fn)
     engine = ZeroEngine(EngineParts(module=model, optimizer=optimizer, lr_scheduler=scheduler, config=cfg,
                                     dist_context=dist_context, precision=precision, strategy=strategy,
-                                    loss_scaler=scaler, monitor=monitor, dataloader=dataloader))
+                                    loss_scaler=scaler, monitor=monitor, dataloader=dataloader,
+                                    watch=StepWatch(cfg, dist_context, monitor, environ)))
     if mpu is not None:
         engine.tensor_parallel = tensor_info
     _say_ready(engine, monitor, param_count)

@@ -24,6 +24,7 @@ from launcher.zero.engine.loss_scaler import LossScaler
 from launcher.zero.engine.monitor import Monitor, PhaseTimer, progress_line
 from launcher.zero.engine.plain_backward import BackwardHooks
 from launcher.zero.engine.precision import PrecisionPolicy
+from launcher.zero.engine.watch import StepWatch
 from launcher.zero.stages.base import DeviceNorm, ZeroStrategy, clip_factor
 
 
@@ -50,6 +51,7 @@ class EngineParts:
     loss_scaler: LossScaler | None
     monitor: Monitor
     dataloader: Any = None
+    watch: StepWatch | None = None      # FLOPs, MFU and the non-finite diagnosis (watch.py)
 
 
 class ZeroEngine(EngineAccessors):
@@ -66,6 +68,7 @@ class ZeroEngine(EngineAccessors):
         self.loss_scaler = parts.loss_scaler
         self.monitor = parts.monitor
         self.training_dataloader = parts.dataloader
+        self.watch = parts.watch or StepWatch(parts.config, parts.dist_context, parts.monitor, {})
         self.global_steps = 0
         self.global_samples = 0
         self.skipped_steps = 0
@@ -126,7 +129,9 @@ class ZeroEngine(EngineAccessors):
         self.strategy.pre_forward()
         if args and torch.is_tensor(args[0]) and args[0].dim() >= 2 and not args[0].is_floating_point():
             self._tokens_per_sample = int(args[0].shape[1])   # token ids (batch, sequence): for tokens/s
+        self.watch.forward_begins(self, args, kwargs)
         output = self.module(*args, **kwargs)
+        self.watch.forward_done()
         self.strategy.post_forward()
         self._backward_hooks.mark(output)
         self.timers.stop("forward")
@@ -147,10 +152,12 @@ class ZeroEngine(EngineAccessors):
         scaled = loss * self.loss_scaler.scale if self.loss_scaler is not None else loss
         boundary = self._backward_prologue()
         self._backward_hooks.inside_engine_backward = True
+        self.watch.backward_begins()
         try:
             scaled.backward(retain_graph=retain_graph)
         finally:
             self._backward_hooks.inside_engine_backward = False
+        self.watch.backward_done()
         self.strategy.post_backward(boundary)
         self.timers.stop("backward")
         return loss
@@ -171,8 +178,10 @@ class ZeroEngine(EngineAccessors):
         self._step_applied = False
         if self.is_gradient_accumulation_boundary():
             self.timers.start("step")
-            with self._explain_out_of_memory():
+            self.watch.step_begins()
+            with self._explain_out_of_memory(), self.watch.guard_step(self):
                 self._take_model_step(lr_kwargs)
+            self.watch.after_step(self)
             self.timers.stop("step")
             self._report()
         self.micro_steps += 1
@@ -276,6 +285,7 @@ class ZeroEngine(EngineAccessors):
             values["Train/Samples/train_loss"] = loss
         if self.loss_scaler is not None:
             values["Train/Samples/loss_scale"] = self.get_loss_scale()
+        values.update(self.watch.event_values(self))
         self.monitor.events(self.global_samples, values)
         if printing:
             now, samples = time.perf_counter(), self.global_samples
@@ -285,7 +295,8 @@ class ZeroEngine(EngineAccessors):
             lrs = ",".join(f"{lr:.4e}" for lr in dict.fromkeys(self.get_lr()))
             values = {"loss": loss, "lr": lrs, "loss_scale": self.get_loss_scale(), "skipped": self.skipped_steps}
             self.monitor.log(progress_line(self.global_steps, self.total_steps, values, rate,
-                                           self._tokens_per_sample, now - self._started))
+                                           self._tokens_per_sample, now - self._started,
+                                           self.watch.progress_fields(rate, self.train_batch_size())))
             if self.config.wall_clock_breakdown:
                 self.monitor.log(f"time (ms) | {self.timers.report()}")
             if self.config.memory_breakdown:
