@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from launcher.zero.engine.nan_probe import Finding, probe
+from launcher.zero.engine.nan_probe import probe
 from launcher.zero.errors import LossScaleAtMinimumError, NonFiniteError
 from launcher.zero.flops.counter import FlopCount, FlopCounter
 from launcher.zero.flops.peak import peak_tflops, throughput_fields
@@ -149,13 +149,20 @@ class StepWatch:
                                 backward=engine.strategy.stage < 3)
             except Exception as failure:   # the diagnosis must never hide the step's own story
                 error = f"{type(failure).__name__}: {failure}"
-        findings = self._gather(finding)
-        loss = _mean(engine._loss_sum, engine._loss_count)
-        lines = [f"non-finite gradients at step {step}: " + (
-            f"the loss itself was non-finite ({loss})" if loss is not None and not math.isfinite(loss)
-            else f"the loss was finite ({loss:.6g}), its gradients were not" if loss is not None
-            else "the loss was not seen by engine.backward")]
-        found = [f for f in findings if f is not None]
+        previous = self._previous_loss
+        mine = (finding, _mean(engine._loss_sum, engine._loss_count),
+                _mean(previous[0], previous[1]) if previous else None, previous[2] if previous else None)
+        gathered = self._gather(mine)
+        losses = [(rank, entry[1]) for rank, entry in enumerate(gathered) if entry[1] is not None]
+        bad = [(rank, loss) for rank, loss in losses if not math.isfinite(loss)]
+        if bad:
+            head = f"the loss itself was non-finite ({bad[0][1]} on rank {bad[0][0]})"
+        elif losses:
+            head = f"the loss was finite ({sum(l for _, l in losses) / len(losses):.6g}), its gradients were not"
+        else:
+            head = "the loss was not seen by engine.backward"
+        lines = [f"non-finite gradients at step {step}: {head}"]
+        found = [entry[0] for entry in gathered if entry[0] is not None]
         forward = [f for f in found if f.phase == "forward"]
         if found:
             lines.append((forward or found)[0].describe())
@@ -164,17 +171,19 @@ class StepWatch:
         elif self.config.non_finite.diagnose:
             lines.append("a re-run of the step's last micro-batch stayed finite on every rank (the inf/NaN came "
                          "from an earlier micro-batch of the step, or does not repeat)")
-        previous = self._previous_loss
-        last = _mean(previous[0], previous[1]) if previous else None
-        lines.append(f"last finite loss: {last:.6g} at step {previous[2]}" if last is not None and math.isfinite(last)
-                     else "last finite loss: none seen before this step")
+        lasts = [entry[2] for entry in gathered if entry[2] is not None]
+        if lasts and all(math.isfinite(v) for v in lasts):
+            lines.append(f"last finite loss: {sum(lasts) / len(lasts):.6g} at step {gathered[0][3]} (mean over ranks)")
+        else:
+            lines.append("last finite loss: none seen before this step")
         return "\n".join(lines)
 
-    def _gather(self, finding: Finding | None) -> list:
+    def _gather(self, mine: tuple) -> list[tuple]:
+        """Every rank's (finding, loss, last loss, its step), in rank order."""
         if self.dist_context.world_size == 1:
-            return [finding]
+            return [mine]
         gathered = [None] * self.dist_context.world_size
-        torch.distributed.all_gather_object(gathered, finding, group=self.dist_context.group)
+        torch.distributed.all_gather_object(gathered, mine, group=self.dist_context.group)
         return gathered
 
     # ---- the profile ------------------------------------------------------------------------
