@@ -54,5 +54,5 @@ DEEPSPEED_PATHS: dict[str, str | NotBuilt] = {
     "deepspeed.moe.utils": "launcher.zero.moe.utils",
     "deepspeed.profiling": "launcher.zero.profiling",
     "deepspeed.profiling.flops_profiler": "launcher.zero.profiling.flops_profiler",
-    "deepspeed.profiling.flops_profiler.profiler": "launcher.zero.profiling.flops_profiler",
+    "deepspeed.profiling.flops_profiler.profiler": "launcher.zero.profiling.flops_profiler.profiler",
 }
