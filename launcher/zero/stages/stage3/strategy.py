@@ -422,6 +422,10 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         if self._overlap_helper is not None:
             self._overlap_helper.remove()
 
+    def compile_units(self, blocks: list[torch.nn.Module]) -> None:
+        """``engine.compile()``: gather each block's parameters as one, around its compiled forward."""
+        self.coordinator.use_units(blocks)
+
     def release_gathered(self) -> None:
         """Free every gathered parameter (engine.empty_partition_cache)."""
         self.coordinator.release_all()
