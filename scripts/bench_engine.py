@@ -73,6 +73,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=300, help="seconds per variant")
     p.add_argument("--repeat", type=int, default=1,
                    help="run the variant list N times, interleaved (a,b,a,b,...), and report medians")
+    p.add_argument("--budget", type=float, default=0,
+                   help="seconds for the whole run: a repeat that would end past it (by the time its "
+                        "variant's last run took) is skipped, and the tables cover what ran; first runs "
+                        "always run; 0: no limit")
     p.add_argument("--log-dir", help="write each variant's stderr to LOG_DIR/<variant>.log")
     p.add_argument("--profile", metavar="DIR",
                    help="after timing, profile 3 steps: DIR/<variant>.txt (top kernels by GPU time)")
@@ -253,9 +257,17 @@ def main_parent(args, argv: list[str]) -> int:
     peak = measure_peak(args, argv)
     names = names * max(1, args.repeat)   # interleaved: a,b,c,a,b,c,...
     results = []
+    started, last_wall = time.monotonic(), {}
     for name, label in zip(names, label_repeats(names)):
+        expected = last_wall.get(name)   # a variant's first run always runs: every variant gets a figure
+        if args.budget and expected is not None and time.monotonic() - started + expected > args.budget:
+            print(f"[bench] {label}: skipped (budget {args.budget:.0f}s: {time.monotonic() - started:.0f}s "
+                  f"spent, this run takes ~{expected:.0f}s)", file=sys.stderr, flush=True)
+            continue
         results.append(run_variant(name, label, argv, args))
-        print(f"[bench] {label}: {results[-1]['status']} ({results[-1]['wall_s']}s)",
+        last_wall[name] = results[-1]["wall_s"]
+        # the record at once (stderr), so a run stopped from outside keeps what it measured
+        print(f"[bench] {label}: {results[-1]['status']} ({results[-1]['wall_s']}s) {json.dumps(results[-1])}",
               file=sys.stderr, flush=True)
     final = report.add_mfu(with_ratios(results, TARGETS), peak)
     for record in final:

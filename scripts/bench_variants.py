@@ -126,14 +126,18 @@ def fsdp2_compile(model: torch.nn.Module, settings: Settings) -> Step:
     return fsdp2(model, settings, compile_blocks=True)
 
 
-def engine_config(stage: int, offload: bool, settings: Settings, overlap: bool = False) -> dict:
+def engine_config(stage: int, offload: bool, settings: Settings, overlap: bool = False,
+                  offload_param: bool = False) -> dict:
     """The DeepSpeed-style config both our engine and DeepSpeed get for a stage
-    (``overlap``: ours only, the offloaded step in the background, ``overlap_step``)."""
+    (``overlap``: ours only, the offloaded step in the background, ``overlap_step``;
+    ``offload_param``: stage 3's parameters in host memory too)."""
     zero: dict = {"stage": stage}
     if offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         if overlap:
             zero["offload_optimizer"]["overlap_step"] = True
+    if offload_param:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     return {
         "train_micro_batch_size_per_gpu": settings.batch,
         "gradient_accumulation_steps": 1,
@@ -171,7 +175,8 @@ def compile_ours(engine, backend: str):
     return compile_for_strategy(engine.module, engine.strategy, CompileSettings(backend=backend))
 
 
-def ours(stage: int, offload: bool = False, overlap: bool = False, compiled: bool = False):
+def ours(stage: int, offload: bool = False, overlap: bool = False, compiled: bool = False,
+         offload_param: bool = False):
     """Our engine, launcher.zero, at a stage (with optimizer offload to CPU if asked; compiled:
     the whole module at stages 0-2, per block at stage 3)."""
 
@@ -184,7 +189,7 @@ def ours(stage: int, offload: bool = False, overlap: bool = False, compiled: boo
             zero.initialize  # noqa: B018 - lazy attribute: imports the engine
         except (ImportError, AttributeError) as exc:
             raise Unavailable(f"launcher.zero.initialize not importable: {exc}") from None
-        config = engine_config(stage, offload, settings, overlap)
+        config = engine_config(stage, offload, settings, overlap, offload_param)
         try:
             engine, _, _, _ = zero.initialize(model=model, config=config)
         except (ImportError, NotImplementedError) as exc:
@@ -202,7 +207,7 @@ def ours(stage: int, offload: bool = False, overlap: bool = False, compiled: boo
     return build
 
 
-def deepspeed(stage: int, offload: bool = False, compiled: bool = False):
+def deepspeed(stage: int, offload: bool = False, compiled: bool = False, offload_param: bool = False):
     """DeepSpeed (when installed) on the same config; FusedAdam / DeepSpeedCPUAdam; compiled:
     DeepSpeed 0.19.8's ``engine.compile(backend=...)`` (the whole module)."""
 
@@ -216,7 +221,7 @@ def deepspeed(stage: int, offload: bool = False, compiled: bool = False):
             raise Unavailable(f"deepspeed not installed: {exc}") from None
         ds.init_distributed(dist_backend="nccl" if settings.device.type == "cuda" else "gloo")
         engine, _, _, _ = ds.initialize(model=model, model_parameters=model.parameters(),
-                                        config=engine_config(stage, offload, settings))
+                                        config=engine_config(stage, offload, settings, offload_param=offload_param))
         if compiled:
             engine.compile(backend=settings.compile_backend, compile_kwargs={})
         return _engine_step(engine)
@@ -232,11 +237,13 @@ VARIANTS: dict[str, Callable[[torch.nn.Module, Settings], Step]] = {
     **{f"zero{s}": ours(s) for s in range(4)},
     "zero2_offload": ours(2, offload=True),
     "zero3_offload": ours(3, offload=True),
+    "zero3_offload_all": ours(3, offload=True, offload_param=True),
     "zero2_offload_overlap": ours(2, offload=True, overlap=True),
     "zero3_offload_overlap": ours(3, offload=True, overlap=True),
     **{f"ds_zero{s}": deepspeed(s) for s in range(4)},
     "ds_zero2_offload": deepspeed(2, offload=True),
     "ds_zero3_offload": deepspeed(3, offload=True),
+    "ds_zero3_offload_all": deepspeed(3, offload=True, offload_param=True),
     **{f"zero{s}_compile": ours(s, compiled=True) for s in range(4)},
     **{f"ds_zero{s}_compile": deepspeed(s, compiled=True) for s in range(4)},
 }
