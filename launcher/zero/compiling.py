@@ -12,7 +12,18 @@ Only ``forward`` is replaced (an instance attribute; the class is untouched), so
 ``state_dict`` keys and checkpoints stay as they were, and ``undo`` restores the module.
 
 Glossary: a *region* is a module whose ``forward`` runs compiled; a *graph break* is a place
-where dynamo stopped a graph and fell back to Python (counted by dynamo, read by ``stats``).
+where dynamo stopped a graph and fell back to Python (counted by dynamo, read by ``compile_stats``).
+
+Wiring into the engine (issue 32 phase 2, once engine.py and the config have moved):
+
+* config: ``compile: {"enabled": bool, "backend": str = "inductor", "kwargs": dict}`` (DeepSpeed's
+  older section; 0.19.8's ``deepcompile``/``passes`` keys raise NotSupportedError naming them);
+* ``Engine.compile(self, backend="inductor", compile_kwargs=None)``: ``self._compiled =
+  compile_for_strategy(self.module, self.strategy, CompileSettings(backend, dict(compile_kwargs or {})))``,
+  a second call with ``self._compiled`` set returns at once (as DeepSpeed's);
+* ``Engine.is_compiled``: ``self._compiled is not None``; ``initialize`` calls ``engine.compile(
+  config.compile.backend, config.compile.kwargs)`` when ``compile.enabled``; ``destroy`` calls
+  ``self._compiled.undo()`` before the strategy's.
 """
 from __future__ import annotations
 

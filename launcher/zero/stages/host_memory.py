@@ -54,7 +54,8 @@ def _exact_pinned(numel: int, dtype: torch.dtype) -> torch.Tensor | None:
         libc.munmap(address, nbytes)
         return None
     pages = (ctypes.c_uint8 * nbytes).from_address(address)
-    weakref.finalize(pages, _release, address, nbytes)   # runs once no tensor holds the pages
+    # runs once no tensor holds the pages; at exit the process's pages go anyway, and CUDA may be gone
+    weakref.finalize(pages, _release, address, nbytes).atexit = False
     return torch.frombuffer(pages, dtype=dtype)
 
 
