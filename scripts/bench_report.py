@@ -19,7 +19,7 @@ def add_mfu(results: list[dict], peak_tflops: float | None) -> list[dict]:
         r = dict(r)
         if r["status"] == "ok":
             if peak_tflops:
-                r["mfu"] = round(r["tflops"] / peak_tflops, 4)
+                r["mfu"] = round(r["tflops"] / peak_tflops, 6)
             if base is not None and "compile" in r["variant"]:
                 r["ratio_vs_plain_compile"] = round(r["tokens_per_s"] / base["tokens_per_s"], 4)
         out.append(r)

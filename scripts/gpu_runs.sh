@@ -7,9 +7,9 @@
 #   scripts/gpu_runs.sh speed3   OUTDIR  GPU tests, then plain / plain_compile / zero2_compile /
 #                                        zero3_compile / fsdp2_compile, 3 interleaved repeats, and
 #                                        DeepSpeed's compile at stages 2 and 3 once (~8 min)
-#   scripts/gpu_runs.sh offload3 OUTDIR  both offloads (overlap_step) beside plain and DeepSpeed's, 3
-#                                        repeats, bytes per parameter of every offload mode, a traced
-#                                        step of each offload (trace_summary.py)  (~7 min)
+#   scripts/gpu_runs.sh offload3 OUTDIR  both offloads (overlap_step) beside plain, 3 repeats; every
+#                                        offload mode, ours and DeepSpeed's, once with bytes per
+#                                        parameter; a traced step of each offload  (~7.5 min)
 #   scripts/gpu_runs.sh llama    OUTDIR  transformers' LlamaForCausalLM (1.24B, GQA, batch 8 x 1024):
 #                                        ours at stages 2/3 and with offload beside plain and DeepSpeed,
 #                                        per-step losses, then gradient checkpointing (~7 min)
@@ -90,10 +90,10 @@ case $part in
     run ds-compile 95 "${bench[@]}" --peak-size 0 --budget 80 --timeout 80 --variants ds_zero3_compile
     ;;&
   offload3|check)
-    run offload-repeat3 280 "${bench[@]}" --repeat 3 --budget 260 --timeout 90 --variants \
-        plain,zero2_offload_overlap,zero3_offload_overlap,ds_zero2_offload,ds_zero3_offload
-    run offload-bytes 120 "${bench[@]}" --bytes --peak-size 0 --timeout 50 --variants \
-        zero2_offload,zero3_offload,zero3_offload_all,ds_zero3_offload_all
+    run offload-repeat3 150 "${bench[@]}" --repeat 3 --budget 140 --timeout 60 --variants \
+        plain,zero2_offload_overlap,zero3_offload_overlap
+    run offload-bytes 240 "${bench[@]}" --bytes --peak-size 0 --timeout 90 --variants \
+        plain,zero2_offload,zero3_offload,zero3_offload_all,ds_zero2_offload,ds_zero3_offload,ds_zero3_offload_all
     trace zero2_offload_overlap 75
     trace zero3_offload_overlap 75
     ;;&

@@ -98,7 +98,7 @@ def test_tiny_run_on_cpu_prints_one_json_line_per_variant():
 
 
 def plain_has_mfu(plain, peak):
-    return plain["mfu"] == pytest.approx(plain["tflops"] / peak["tflops"], rel=1e-3)
+    return plain["mfu"] == pytest.approx(plain["tflops"] / peak["tflops"], rel=1e-2, abs=1e-6)
 
 
 def test_summarize_repeats_takes_medians_of_runs_and_ratios_to_plains_median():
