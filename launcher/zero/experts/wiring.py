@@ -30,6 +30,7 @@ class ExpertSetup:
     groups: dict[str, ExpertGroups] = field(default_factory=dict)
     contexts: dict[str, DistContext] = field(default_factory=dict)   # name -> over the expert-data group
     layers: list = field(default_factory=list)                        # (module name, MoE layer)
+    rank: int = 0                                                      # this rank's global rank
 
     def __bool__(self) -> bool:
         return bool(self.layers)
@@ -76,7 +77,7 @@ def set_up_experts(module: torch.nn.Module, dist_context: DistContext, config=No
         check_engine_support(setup, config.zero_stage, bool(config.zero_optimization.offload_optimizer_active),
                              mpu is not None and mpu.get_model_parallel_world_size() > 1)
     ranks = data_ranks(dist_context)
-    me = ranks[dist_context.rank]
+    me = setup.rank = ranks[dist_context.rank]
     for ep_size in sorted({layer.ep_size for _, layer in layers}):
         topology = expert_topology(_DataAxis(ranks), ep_size)
         groups = new_expert_groups(topology, me, new_group)
@@ -194,16 +195,36 @@ def counted_once_square_sum(parts, sharded: bool, dist_context: DistContext) -> 
 _EXPERT_KEY = re.compile(r"(^|\.)deepspeed_moe\.experts\.deepspeed_experts\.(\d+)\.")
 
 
-def global_expert_name(name: str, layers: list, groups: dict[str, ExpertGroups], rank: int) -> str:
-    """A parameter name with its local expert index replaced by the global expert id, so that every
-    expert has one name in checkpoints whatever rank holds it (``...deepspeed_experts.<global>.``)."""
+def _expert_of(name: str, setup: ExpertSetup):
+    """``(layer, local index, match)`` when ``name`` is an expert parameter of a layer with ep > 1."""
     match = _EXPERT_KEY.search(name)
     if match is None:
-        return name
-    prefix = name[:match.start()].rstrip(".")
-    for layer_name, layer in layers:
+        return None
+    prefix = name[:match.start()].rstrip(".") if match.group(1) else ""
+    for layer_name, layer in setup.layers:
         if layer_name == prefix and layer.ep_size > 1:
-            expert_rank = groups[layer.expert_group_name].expert_ranks.index(rank)
-            global_id = expert_rank * layer.num_local_experts + int(match.group(2))
-            return f"{name[:match.start(2)]}{global_id}{name[match.end(2):]}"
-    return name
+            return layer, int(match.group(2)), match
+    return None
+
+
+def global_expert_name(name: str, setup: ExpertSetup | None) -> str:
+    """A parameter name with its local expert index replaced by the global expert id, so that every
+    expert has one name in checkpoints whatever rank holds it (``...deepspeed_experts.<global>.``)."""
+    found = _expert_of(name, setup) if setup else None
+    if found is None:
+        return name
+    layer, local, match = found
+    expert_rank = setup.groups[layer.expert_group_name].expert_ranks.index(setup.rank)
+    return f"{name[:match.start(2)]}{expert_rank * layer.num_local_experts + local}{name[match.end(2):]}"
+
+
+def every_expert_entry(entry: dict, setup: ExpertSetup | None) -> list[dict]:
+    """A checkpoint's parameter entry (``name``, ``shape``...) written by a rank holding the first
+    experts -> the entries of the same parameter of every global expert of its layer."""
+    found = _expert_of(entry["name"], setup) if setup else None
+    if found is None:
+        return [entry]
+    layer, local, match = found
+    name = entry["name"]
+    return [{**entry, "name": f"{name[:match.start(2)]}{block * layer.num_local_experts + local}{name[match.end(2):]}"}
+            for block in range(layer.ep_size)]
