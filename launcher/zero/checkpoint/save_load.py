@@ -7,6 +7,7 @@ only the shards that overlap its own fragments (its own shard when nothing chang
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -18,6 +19,7 @@ import torch.distributed as dist
 
 from launcher.zero.checkpoint import format as fmt
 from launcher.zero.errors import CheckpointError
+from launcher.zero.experts.wiring import every_expert_entry, global_expert_name
 
 SCALAR = "scalars"
 
@@ -35,7 +37,7 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None =
         shutil.rmtree(partial, ignore_errors=True)
         os.makedirs(partial)
     _job_barrier(engine)
-    fragments = engine.strategy.fragments()
+    fragments = _global_names(engine, engine.strategy.fragments())
     torch.save(_shard(engine, fragments), os.path.join(partial, fmt.shard_name(rank, prefix)))
     listings = _all_gather_object(engine, [[f.name, f.param_start, f.numel] for f in fragments])
     module_state = engine.strategy.module_state_dict()  # collective at stage 3
@@ -90,8 +92,9 @@ def _metadata(engine, listings) -> dict:
             shared[name] = canonical[id(param)]
             continue
         canonical[id(param)] = name
-        if param.requires_grad:
-            params.append({"name": name, "shape": list(_full_shape(engine, name, param)), "numel": _numel(engine, name, param)})
+        if param.requires_grad:   # MoE: every global expert's entry (data rank 0 holds the first ones)
+            params += every_expert_entry({"name": name, "shape": list(_full_shape(engine, name, param)),
+                                          "numel": _numel(engine, name, param)}, getattr(engine, "experts", None))
         else:
             frozen.append(name)
     metadata = {"format": fmt.FORMAT_VERSION, "world_size": engine.dist_context.world_size,
@@ -150,7 +153,7 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
     states = fmt.load_file(os.path.join(path, prefix + fmt.MODEL_STATES))
     _check_params(engine, metadata, load_module_strict)
     engine.strategy.load_module_state_dict(states["module"], strict=load_module_strict)
-    fragments = engine.strategy.fragments()
+    fragments = _global_names(engine, engine.strategy.fragments())
     wanted: dict[str, list] = {}
     for f in fragments:
         wanted.setdefault(f.name, []).append((f.param_start, f.param_start + f.numel))
@@ -178,7 +181,7 @@ def _check_params(engine, metadata, strict: bool) -> None:
     current = {}
     for name, param in engine.module.named_parameters():
         if param.requires_grad:
-            current[name] = _full_shape(engine, name, param)
+            current[global_expert_name(name, getattr(engine, "experts", None))] = _full_shape(engine, name, param)
     missing = sorted(set(current) - set(saved))
     wrong = sorted(n for n in set(current) & set(saved) if current[n] != saved[n])
     if wrong:
@@ -251,6 +254,15 @@ def _restore_training_state(engine, path, states, metadata, shards, load_optimiz
 
 
 # ---- helpers --------------------------------------------------------------------------------------
+def _global_names(engine, fragments) -> list:
+    """MoE: fragments of expert parameters named by global expert id (one name per expert whichever
+    rank holds it, so a checkpoint resumes at another world size and joins into one state dict)."""
+    experts = getattr(engine, "experts", None)
+    if not experts:
+        return fragments
+    return [dataclasses.replace(f, name=global_expert_name(f.name, experts)) for f in fragments]
+
+
 def _rng_state() -> dict:
     state = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():

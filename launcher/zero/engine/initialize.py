@@ -16,6 +16,8 @@ from launcher.zero.config.load import load_config, no_effect_notes
 from launcher.zero.distributed.context import DistContext, context_from_group, init_distributed
 from launcher.zero.engine.zero_engine import EngineParts, TensorParallelInfo, ZeroEngine
 from launcher.zero.errors import ConfigError
+from launcher.zero.experts.param_groups import configure_moe_param_groups
+from launcher.zero.experts.wiring import check_param_groups, refuse_in_pipeline, set_up_experts
 from launcher.zero.engine.loss_scaler import LossScaler, rules_from_config
 from launcher.zero.engine.monitor import Monitor, ready_line
 from launcher.zero.optim import build_optimizer, check_zero_support
@@ -43,6 +45,8 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     if _is_pipeline(model):
         from launcher.zero.pipeline.build import initialize_pipeline
 
+        refuse_in_pipeline(model)
+
         return initialize_pipeline(model, optimizer, lr_scheduler, source, training_data, collate_fn)
     dist_context = context_from_group(process_group) if process_group is not None else init_distributed(env=environ)
     if mpu is not None:
@@ -53,16 +57,20 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     model.to(device=dist_context.device, dtype=precision.param_dtype)
 
     tensor_info = _tensor_parallel_info(mpu, model) if mpu is not None else None   # before stage 3 partitions
+    experts = set_up_experts(model, dist_context, cfg, mpu)   # MoE: expert groups built and handed out
     params = list(model_parameters) if model_parameters is not None else list(model.parameters())
     param_count = sum(p.numel() for p in model.parameters())   # before stage 3 partitions them
+    if experts and optimizer is None:   # DeepSpeed splits the expert params into their own groups
+        params = configure_moe_param_groups(params)
     optimizer = _build_optimizer(optimizer, params, cfg, dist_context)
+    check_param_groups(experts, optimizer.param_groups)
     check_zero_support(optimizer, cfg.zero_stage, cfg.zero_allow_untested_optimizer)
     handles_comm = bool(getattr(optimizer, "handles_gradient_communication", False))
     if handles_comm and cfg.zero_stage != 0:
         raise ConfigError(f"optimizer {type(optimizer).__name__} does its own gradient communication and needs "
                           f"zero_optimization.stage 0 (got {cfg.zero_stage})", hint="set zero_optimization.stage to 0")
     context = StrategyContext(config=cfg, dist_context=dist_context, precision=precision,
-                              reduce_gradients=not handles_comm)
+                              reduce_gradients=not handles_comm, expert_data_contexts=experts.contexts)
     strategy = _strategy_class(cfg, mpu, model)(context)
     strategy.setup(model, optimizer)
     scheduler = _build_scheduler(lr_scheduler, optimizer, cfg)
@@ -76,6 +84,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
                                     loss_scaler=scaler, monitor=monitor, dataloader=dataloader))
     if mpu is not None:
         engine.tensor_parallel = tensor_info
+    engine.experts = experts
     _say_ready(engine, monitor, param_count)
     return engine, optimizer, dataloader, scheduler
 

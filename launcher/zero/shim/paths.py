@@ -52,4 +52,7 @@ DEEPSPEED_PATHS: dict[str, str | NotBuilt] = {
     "deepspeed.moe": "launcher.zero.moe",
     "deepspeed.moe.layer": "launcher.zero.moe.layer",
     "deepspeed.moe.utils": "launcher.zero.moe.utils",
+    "deepspeed.moe.sharded_moe": "launcher.zero.moe.sharded_moe",
+    "deepspeed.moe.experts": "launcher.zero.moe.experts",
+    "deepspeed.utils.groups": "launcher.zero.utils.groups",
 }

@@ -46,7 +46,7 @@ from __future__ import annotations
 import importlib
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -67,6 +67,9 @@ class StrategyContext:
     dist_context: "DistContext"             # process group, rank, world_size, device
     precision: "PrecisionPolicy"    # param dtype, gradient-accumulation dtype, communication dtype
     reduce_gradients: bool = True   # False when the optimizer does its own gradient communication
+    #: MoE: ``ep_size_<N>`` -> the context over that size's expert-data ranks; a ``moe: True``
+    #: param group of that name is reduced and partitioned over them (experts/wiring.py)
+    expert_data_contexts: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -117,15 +117,18 @@ def test_zero_namespace_and_ops():
     assert FusedLamb is zero.ops.lamb.FusedLamb
 
 
-def test_moe_imports_says_not_supported_where_used_and_pipe_exports_deepspeed_names():
-    import launcher.zero.moe  # noqa: F401  (issue 30: DeepSpeed's tutorials import it without using it)
+def test_moe_face_is_the_experts_package_and_pipe_exports_deepspeed_names():
+    import launcher.zero.moe  # noqa: F401  (DeepSpeed's tutorials import it)
+    from launcher.zero.experts import MoE as InternalMoE
     from launcher.zero.moe.layer import MoE
     from launcher.zero.moe.utils import split_params_into_different_moe_groups_for_optimizer as split
-    assert zero.moe is launcher.zero.moe
-    with pytest.raises(NotSupportedError, match="Mixture of Experts"):
-        MoE(hidden_size=4, expert=torch.nn.Linear(4, 4), num_experts=2)
-    with pytest.raises(NotSupportedError, match="Mixture of Experts"):
-        split([{"params": []}])
+    from launcher.zero.utils import groups
+    assert zero.moe is launcher.zero.moe and MoE is InternalMoE
+    layer = MoE(hidden_size=4, expert=torch.nn.Linear(4, 4), num_experts=2)
+    groups_out = split([{"params": list(layer.parameters()), "name": "all"}])
+    assert [(g["name"], g.get("moe", False)) for g in groups_out] == [("all", False), ("ep_size_1", True)]
+    with pytest.raises(ConfigError, match="ep_size_9"):
+        groups._get_expert_parallel_group("ep_size_9")
     import launcher.zero.pipe as pipe
     from launcher.zero.pipe import LayerSpec, PipelineModule, TiedLayerSpec  # noqa: F401
     from launcher.zero.pipe import PipeDataParallelTopology, PipeModelDataParallelTopology, ProcessTopology  # noqa: F401
