@@ -81,7 +81,7 @@ class Agent:
                            remap_devices=True, cores=cores)
         self.supervisor = Supervisor(specs, on_output=self._send_output, on_exit=self._send_exit,
                                      log_dir=job.get("log_dir"), grace=float(job.get("grace", 3.0)),
-                                     host=node["host"])
+                                     host=node["host"], on_failure=self._send_failing)
         threading.Thread(target=self._listen, daemon=True).start()
         threading.Thread(target=self._heartbeat, daemon=True).start()
         try:
@@ -168,6 +168,12 @@ class Agent:
             self.held += 1   # the rank's log file (--log_dir) has it
             return
         self.channel.send({"type": "output", "rank": event.rank, "stream": event.stream, "line": event.line})
+
+    def _send_failing(self, event) -> None:
+        """A rank failed: dslaunch stops the other nodes now; its "exit", with its last lines, follows
+        once this node's other ranks are stopped and its output is drained."""
+        self.channel.send({"type": "failing", "rank": event.rank, "local_rank": event.local_rank,
+                           "returncode": event.returncode})
 
     def _send_exit(self, event) -> None:
         self.channel.send({"type": "exit", "rank": event.rank, "local_rank": event.local_rank,

@@ -124,3 +124,44 @@ def test_a_failure_is_handled_before_the_output_that_came_ahead_of_it(monkeypatc
     assert code == 1
     assert printed.lines >= flood                 # every line is printed in the end
     assert seen["printed at stop"] < flood        # but the stop did not wait for them
+
+
+def test_an_agents_word_of_a_failed_rank_stops_the_other_nodes_before_its_exit_comes(capsys):
+    """Node 1's agent says "failing" the moment its rank fails; it sends the rank's exit (with its
+    last lines) only after stopping its other ranks and draining the failed one's output. Node 0
+    is stopped on the word alone, and the job still ends with one message naming rank 1."""
+    hosts = parse_hostfile("localhost slots=1\n127.0.0.1 slots=1\n", "h")
+    plan = build_plan(hosts, LaunchOptions(script="t.py", launcher="ssh", no_preflight=True),
+                      Machine(python="/py", cwd="/", environ={}))
+    controller = Controller(plan, grace=0.1, delivery="stdin")
+    stops = {}
+
+    def stop_reason(reader):
+        for line in reader:
+            message = json.loads(line)
+            if message["type"] == "stop":
+                return message["reason"]
+
+    def node0(sock, reader):
+        stops[0] = stop_reason(reader)
+        send(sock, {"type": "exit", "rank": 0, "local_rank": 0, "returncode": -15}, {"type": "done", "ok": False})
+
+    def node1(sock, reader):
+        send(sock, {"type": "failing", "rank": 1, "local_rank": 0, "returncode": 3})
+        stops[1] = stop_reason(reader)       # the exit is not sent before the stop came
+        send(sock, {"type": "exit", "rank": 1, "local_rank": 0, "returncode": 3, "tail": ["config error: boom"]},
+             {"type": "done", "ok": False})
+
+    def start(endpoint):
+        for rank, then in ((0, node0), (1, node1)):
+            key = controller.credentials.key_for(rank)
+            threading.Thread(target=fake_agent, args=(endpoint, key, rank, then), daemon=True).start()
+        return []
+
+    code = controller.run(start)
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("dslaunch: ")]
+    assert stops == {0: "rank failure", 1: "rank failure"}
+    assert code == 3
+    assert [line for line in said if "exited with code" in line] == \
+        ["dslaunch: rank 1 on 127.0.0.1 exited with code 3 (the first failure; every other rank was stopped)"]
+    assert controller.outcome.failure.tail == ("config error: boom",)

@@ -1,11 +1,51 @@
-"""A node's teardown waits for its ranks' output once, not once per rank (real processes)."""
+"""A node's teardown: the other ranks stop before a failed rank's output is drained, and the wait
+for output is one for all ranks (real processes)."""
 
 import os
+import signal
 import sys
 import time
 
 from launcher.node.process import RankSpec
 from launcher.node.supervisor import Supervisor
+
+
+def specs_for(code, count, tmp_path):
+    return [RankSpec(rank=r, local_rank=r, argv=(sys.executable, "-c", code), env=dict(os.environ, RANK=str(r)),
+                     cwd=str(tmp_path)) for r in range(count)]
+
+
+# rank 0 says why it fails and exits at once (as a config error found after the rendezvous does);
+# rank 1 would live on (in a real job: to fail on the store rank 0 took with it, with a traceback)
+FAILS_FIRST = ("import os, sys, time\n"
+               "if os.environ['RANK'] == '0':\n"
+               "    print('config error: unknown key', file=sys.stderr, flush=True)\n"
+               "    sys.exit(2)\n"
+               "time.sleep(60)\n")
+
+
+def test_the_other_ranks_are_stopped_before_the_failed_ranks_exit_is_reported(tmp_path):
+    events = []
+    supervisor = None
+
+    def peer_running():
+        return supervisor.procs[1].popen.poll() is None
+
+    def on_failure(failed):
+        events.append(("failing", failed.rank, failed.returncode, "peer running" if peer_running() else "peer gone"))
+
+    def on_exit(done):
+        events.append(("exit", done.rank, done.returncode, "peer running" if peer_running() else "peer gone"))
+    supervisor = Supervisor(specs_for(FAILS_FIRST, 2, tmp_path), on_output=lambda line: None, on_exit=on_exit,
+                            on_failure=on_failure, grace=5.0)
+    supervisor.start()
+    result = supervisor.run()
+    assert events == [("failing", 0, 2, "peer running"),      # told at once (the agent tells dslaunch)
+                      ("exit", 0, 2, "peer gone"),            # its output drained only after rank 1 stopped
+                      ("exit", 1, -signal.SIGTERM, "peer gone")]
+    assert result.first_failure.rank == 0      # one failure for the job: rank 1 was stopped, not failed
+    assert result.first_failure.tail == ("config error: unknown key",)
+
 
 # Each rank leaves a grandchild outside its process tree (sh forks it and exits) that keeps the
 # rank's stdout and stderr open, so its output threads never see EOF; rank 0 then fails.
@@ -17,10 +57,8 @@ STAY = ("import os, subprocess, sys, time\n"
 
 
 def test_teardown_of_eight_ranks_with_escaped_pipes_takes_one_wait_not_eight(tmp_path):
-    specs = [RankSpec(rank=r, local_rank=r, argv=(sys.executable, "-c", STAY),
-                      env=dict(os.environ, RANK=str(r)), cwd=str(tmp_path)) for r in range(8)]
     exits = []
-    supervisor = Supervisor(specs, on_output=lambda line: None, on_exit=exits.append, grace=1.0)
+    supervisor = Supervisor(specs_for(STAY, 8, tmp_path), on_output=lambda line: None, on_exit=exits.append, grace=1.0)
     supervisor.start()
     started = time.monotonic()
     result = supervisor.run()
