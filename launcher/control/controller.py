@@ -196,10 +196,12 @@ class Controller:
                 self.failing = RankExit(message["rank"], message["local_rank"], message["returncode"], (), host)
         elif kind == "exit":
             done = RankExit(message["rank"], message["local_rank"], message["returncode"],
-                            tuple(message.get("tail", ())), host)
+                            tuple(message.get("tail", ())), host, stuck_pid=message.get("stuck_pid"))
             self.exits.append(done)
             the_failing = self.failing is not None and done.rank == self.failing.rank
             self.relay.exited(done, self.stopping and not the_failing)
+            if done.stuck_pid is not None:
+                console.say(done.describe())
             if not done.ok and failure is None and (not self.stopping or the_failing):
                 return done
         elif kind == "error":

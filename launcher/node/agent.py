@@ -176,8 +176,11 @@ class Agent:
                            "returncode": event.returncode})
 
     def _send_exit(self, event) -> None:
-        self.channel.send({"type": "exit", "rank": event.rank, "local_rank": event.local_rank,
-                           "returncode": event.returncode, "tail": list(event.tail)})
+        message = {"type": "exit", "rank": event.rank, "local_rank": event.local_rank,
+                   "returncode": event.returncode, "tail": list(event.tail)}
+        if event.stuck_pid is not None:
+            message["stuck_pid"] = event.stuck_pid
+        self.channel.send(message)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -16,6 +17,7 @@ from launcher.node.process import RankExit, RankOutput, RankProcess, RankSpec, s
 POLL_SECONDS = 0.02
 DRAIN_SECONDS = 1.0        # a failed or finished rank's output threads get this long to reach EOF
 STOPPED_DRAIN_SECONDS = 0.5  # one wait for every stopped rank's output (a pipe an escaped grandchild holds)
+KILL_WAIT_SECONDS = 5.0    # a rank that outlives SIGKILL this long is stuck in the kernel: reported, left
 
 
 @dataclass(frozen=True)
@@ -37,11 +39,13 @@ class Supervisor:
     `on_failure` hears of the first failure the moment it is seen, before the other ranks are
     stopped and before the failed rank's output is drained (its `on_exit`, with its last lines,
     comes after both): the agent tells dslaunch at once, so the other nodes stop at once too.
+    `spawner` starts one rank (process.spawn; a test passes its own).
     """
 
     def __init__(self, specs: list[RankSpec], on_output: Callable[[RankOutput], None],
                  on_exit: Callable[[RankExit], None] = lambda e: None, log_dir: str | None = None,
-                 grace: float = 3.0, host: str = "", on_failure: Callable[[RankExit], None] = lambda e: None):
+                 grace: float = 3.0, host: str = "", on_failure: Callable[[RankExit], None] = lambda e: None,
+                 spawner: Callable[..., RankProcess] = spawn):
         self.specs = specs
         self.on_output = on_output
         self.on_exit = on_exit
@@ -49,6 +53,7 @@ class Supervisor:
         self.log_dir = log_dir
         self.grace = grace
         self.host = host
+        self.spawner = spawner
         self.procs: list[RankProcess] = []
         self._logs = []
         self._stop_request: tuple[str, int] | None = None
@@ -65,7 +70,7 @@ class Supervisor:
             log = open(os.path.join(self.log_dir, f"rank_{spec.rank}.log"), "a", encoding="utf-8") \
                 if self.log_dir else None
             self._logs.append(log)
-            self.procs.append(spawn(spec, self.on_output, log))
+            self.procs.append(self.spawner(spec, self.on_output, log))
 
     def run(self) -> NodeResult:
         """Block until every rank ended, a rank failed, or a stop was requested.
@@ -100,32 +105,43 @@ class Supervisor:
         ordered = tuple(exits[p.spec.rank] for p in self.procs if p.spec.rank in exits)
         return NodeResult(exits=ordered, first_failure=first_failure, stopped_by=stopped_by)
 
-    def _stop_running(self, signum: int, ended: set[int]) -> list[tuple[RankProcess, int]]:
-        """Stop every rank not in `ended`: (process, return code)."""
+    def _stop_running(self, signum: int, ended: set[int]) -> list[tuple[RankProcess, int, int | None]]:
+        """Stop every rank not in `ended`: (process, return code, pid if it outlived SIGKILL)."""
         running = [p for p in self.procs if p.spec.rank not in ended]
         stop_processes([p.popen for p in running], first_signal=signum, grace=self.grace)
         stopped = []
         for proc in running:
-            code = proc.popen.poll()
+            code, stuck = proc.popen.poll(), None
             if code is None:
-                proc.popen.kill()
-                code = proc.popen.wait()
-            stopped.append((proc, code))
+                code, stuck = _kill(proc.popen)
+            stopped.append((proc, code, stuck))
         return stopped
 
     def _report_stopped(self, stopped, exits: dict[int, RankExit]) -> None:
         """The stopped ranks' exits (dslaunch tells a stopped rank from a failed one by whether it
         had asked for the stop before), once their output is drained."""
         # one deadline for all: a pipe kept open by an escaped grandchild costs 0.5 s, not 0.5 s a rank
-        _join_readers([proc for proc, _ in stopped], timeout=STOPPED_DRAIN_SECONDS)
-        for proc, code in stopped:
-            exits[proc.spec.rank] = RankExit(proc.spec.rank, proc.spec.local_rank, code, tuple(proc.tail), self.host)
+        _join_readers([proc for proc, _, _ in stopped], timeout=STOPPED_DRAIN_SECONDS)
+        for proc, code, stuck in stopped:
+            exits[proc.spec.rank] = RankExit(proc.spec.rank, proc.spec.local_rank, code, tuple(proc.tail),
+                                             self.host, stuck_pid=stuck)
             self.on_exit(exits[proc.spec.rank])
 
     def _close_logs(self) -> None:
         for log in self._logs:
             if log is not None:
                 log.close()
+
+
+def _kill(popen) -> tuple[int, int | None]:
+    """SIGKILL a rank that is still there after the stop; (its return code, None), or
+    (-SIGKILL, its pid) when even SIGKILL does not end it within KILL_WAIT_SECONDS (a process in
+    uninterruptible sleep, e.g. on a hung file system): waiting longer would hang the whole job."""
+    popen.kill()
+    try:
+        return popen.wait(timeout=KILL_WAIT_SECONDS), None
+    except subprocess.TimeoutExpired:
+        return -signal.SIGKILL, popen.pid
 
 
 def _join_readers(procs: list[RankProcess], timeout: float) -> None:

@@ -1,12 +1,13 @@
-"""A node's teardown: the other ranks stop before a failed rank's output is drained, and the wait
-for output is one for all ranks (real processes)."""
+"""A node's teardown: the other ranks stop before a failed rank's output is drained, the wait for
+output is one for all ranks, and a rank that outlives SIGKILL is reported, not waited for."""
 
 import os
 import signal
+import subprocess
 import sys
 import time
 
-from launcher.node.process import RankSpec
+from launcher.node.process import RankProcess, RankSpec, spawn
 from launcher.node.supervisor import Supervisor
 
 
@@ -68,3 +69,43 @@ def test_teardown_of_eight_ranks_with_escaped_pipes_takes_one_wait_not_eight(tmp
     # rank 0 fails after ~0.8 s (+1 s for its own readers), then one 0.5 s wait for the other seven;
     # one 0.5 s wait per rank would add 3.5 s more
     assert took < 5.0, f"teardown took {took:.1f} s"
+
+
+class SurvivesSigkill:
+    """A rank's Popen whose process outlives SIGKILL, as one in uninterruptible sleep (a hung NFS
+    mount, a wedged driver) does: poll() never sees it end and no wait ever returns."""
+
+    pid = 2 ** 31 - 1   # no such process: the tree walk finds nothing to signal
+
+    def __init__(self):
+        self.killed = False
+
+    def poll(self):
+        return None
+
+    def kill(self):
+        self.killed = True
+
+    def wait(self, timeout=None):
+        if timeout is None:
+            raise AssertionError("wait() without a timeout on a process that never ends: dslaunch would hang")
+        raise subprocess.TimeoutExpired("rank", timeout)
+
+
+def test_a_rank_that_outlives_sigkill_is_reported_not_waited_for(tmp_path):
+    stuck = SurvivesSigkill()
+
+    def spawner(spec, on_output, log):
+        return RankProcess(spec=spec, popen=stuck) if spec.rank == 1 else spawn(spec, on_output, log)
+    exits = []
+    supervisor = Supervisor(specs_for(FAILS_FIRST, 2, tmp_path), on_output=lambda line: None, on_exit=exits.append,
+                            grace=0.1, host="n1", spawner=spawner)
+    supervisor.start()
+    result = supervisor.run()
+    assert stuck.killed
+    assert result.first_failure.rank == 0
+    [left] = [e for e in exits if e.rank == 1]
+    assert left.stuck_pid == stuck.pid and left.returncode == -signal.SIGKILL
+    assert left.describe() == (f"rank 1 on n1 did not end after SIGKILL and was left running as pid {stuck.pid}: "
+                               "a process that ignores SIGKILL is stuck in the kernel (often a hung file system "
+                               "or device)")
