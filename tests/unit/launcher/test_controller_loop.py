@@ -55,6 +55,29 @@ def test_a_send_to_an_agent_that_does_not_read_never_blocks():
     listener.close()
 
 
+def test_the_inbox_loop_has_ended_when_stop_returns():
+    """The controller closes its listener right after inbox.stop(): the loop must be done with it."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    in_turn, release, order = threading.Event(), threading.Event(), []
+
+    def admit(hello, nonce, source):   # runs on the inbox's thread, in the middle of one loop turn
+        in_turn.set()
+        release.wait(60)
+        order.append("loop turn ended")
+    inbox = Inbox(listener, admit, lambda text: None)
+    client = socket.create_connection(listener.getsockname())
+    client.sendall(b'{"type":"hello","node_rank":0}\n')
+    assert in_turn.wait(60)
+    stopper = threading.Thread(target=lambda: (inbox.stop(), order.append("stop returned")))
+    stopper.start()
+    stopper.join(timeout=0.5)   # a stop that does not wait for the loop returns meanwhile
+    release.set()
+    stopper.join(timeout=60)
+    assert order == ["loop turn ended", "stop returned"]
+    client.close()
+    listener.close()
+
+
 class Printed:
     """sys.stdout for the controller: counts rank lines."""
 
