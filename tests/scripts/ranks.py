@@ -1,7 +1,7 @@
 """A rank program for launcher tests (no torch): behaviour chosen by argv.
 
   echo-args      print each argv item as JSON, then a few env vars as JSON
-  fail R CODE    rank R exits with CODE after 0.5 s; others sleep 60 s
+  fail R CODE    rank R exits with CODE after 0.5 s; others sleep 60 s, then print 'slept 60 s unstopped'
   sleep          every rank sleeps 60 s, printing its pid (SIGINT prints 'interrupted')
   kill9 R        rank R kills itself with SIGKILL
   nap S          every rank sleeps S seconds, then prints 'rested' and exits 0
@@ -33,6 +33,7 @@ elif mode == "fail":
         print("failing on purpose", file=sys.stderr, flush=True)
         sys.exit(int(args[2]))
     time.sleep(60)
+    print("slept 60 s unstopped", flush=True)   # a test of the stop fails on this line, not on a clock
 elif mode == "sleep":
     try:
         time.sleep(60)

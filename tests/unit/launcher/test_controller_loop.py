@@ -4,7 +4,6 @@ import json
 import socket
 import sys
 import threading
-import time
 
 import pytest
 
@@ -44,12 +43,16 @@ def test_a_send_to_an_agent_that_does_not_read_never_blocks():
     inbox = Inbox(listener, lambda hello, nonce, source: None, lambda text: None)
     client = socket.create_connection(listener.getsockname())
     client.sendall(b'{"type":"hello","node_rank":0}\n')
-    _rank, hello = inbox.events.get(timeout=5)
+    _rank, hello = inbox.events.get(timeout=60)
     line = {"type": "heartbeat", "pad": "x" * 1000}
-    began = time.monotonic()
-    for _ in range(20_000):     # 20 MB: far more than the socket buffers hold
-        hello["channel"].send(line)
-    assert time.monotonic() - began < 5.0
+    sent = []
+    sender = threading.Thread(target=lambda: sent.extend(hello["channel"].send(line) for _ in range(20_000)))
+    sender.start()          # 20 MB: far more than the socket buffers hold, and the agent reads nothing yet
+    sender.join(timeout=120)   # not a speed bound: a send that blocks never returns at all
+    assert not sender.is_alive() and sent == [True] * 20_000
+    reader = client.makefile("rb")     # only now does the agent read: every line is there, in order
+    assert json.loads(reader.readline())["type"] == "challenge"
+    assert all(json.loads(reader.readline()) == line for _ in range(20_000))
     client.close()
     inbox.stop()
     listener.close()
