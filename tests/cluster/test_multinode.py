@@ -124,8 +124,10 @@ def test_every_rank_failing_alike_is_said_once_for_the_job(hosts):
 
 
 @pytest.mark.parametrize("launcher", ["ssh", "pdsh"])
-def test_crash_on_node2_stops_node1(hosts, launcher):
-    proc = start("-H", hosts, "--launcher", launcher, "--no-preflight", RANKS, "fail", "3", "9")
+def test_crash_on_node2_stops_node1(hosts, launcher, tmp_path):
+    started = tmp_path / "started"   # rank 3 fails once all 4 ranks on both nodes started
+    started.mkdir()
+    proc = start("-H", hosts, "--launcher", launcher, "--no-preflight", RANKS, "fail", "3", "9", str(started))
     pids = read_until(proc, 4)
     out, err = proc.communicate(timeout=150)
     assert proc.returncode == 9, err

@@ -87,10 +87,12 @@ def test_ranks_follow_the_allocation_order_and_slots(slurm):
     assert {e["MASTER_ADDR"] for e in envs} == {"10.213.0.2"}  # the allocation's first node
 
 
-def test_crash_on_node2_stops_node1_and_sets_the_exit_code(slurm):
+def test_crash_on_node2_stops_node1_and_sets_the_exit_code(slurm, tmp_path):
     marker = f"dsl-slurm-{uuid.uuid4().hex[:8]}"
-    done = in_allocation(slurm, ["-N2", "--ntasks-per-node=2"], "--no-preflight", RANKS, "fail", "3", "7", marker,
-                         timeout=240)
+    started = tmp_path / marker   # rank 3 fails once all 4 ranks started; its name marks the job's processes
+    started.mkdir()
+    done = in_allocation(slurm, ["-N2", "--ntasks-per-node=2"], "--no-preflight", RANKS, "fail", "3", "7",
+                         str(started), timeout=240)
     assert done.returncode == 7, done.stdout + done.stderr
     assert re.search(r"rank 3 on node2 exited with code 7", done.stderr), done.stderr
     assert "slept 60 s unstopped" not in done.stdout   # the other ranks were stopped, not left to finish

@@ -37,7 +37,8 @@ def wait_for_pids(proc, count, deadline=30):
 
 
 def test_gloo_all_reduce_on_three_cpu_ranks():
-    done = dslaunch("--num_gpus", "3", "examples/hello_dist.py")
+    # a free port (--master_port 0): the default 29500 may be another job's on a shared machine
+    done = dslaunch("--num_gpus", "3", "--master_port", "0", "examples/hello_dist.py")
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stdout.splitlines() if "all_reduce sum = 6 (expected 6)" in line]
     assert sorted(line.split()[0:2][1] for line in lines) == ["0]", "1]", "2]"]
@@ -63,8 +64,8 @@ def test_rank_env_and_local_interface():
     assert envs[0]["DSL_TEST_ENV"] == "a b$c"
 
 
-def test_first_failure_stops_the_rest_and_leaves_nothing():
-    proc = start("--num_gpus", "3", RANKS, "fail", "1", "7")
+def test_first_failure_stops_the_rest_and_leaves_nothing(tmp_path):
+    proc = start("--num_gpus", "3", RANKS, "fail", "1", "7", str(tmp_path))   # rank 1 fails once all 3 started
     out, err = proc.communicate(timeout=150)
     assert proc.returncode == 7
     assert "rank 1 on localhost exited with code 7" in err and "failing on purpose" in err
@@ -121,7 +122,7 @@ def test_log_dir_gets_one_file_per_rank(tmp_path):
 def test_hostfile_naming_this_machine_twice_runs_both_nodes(tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text("localhost slots=1\n127.0.0.1 slots=2\n")
-    done = dslaunch("-H", str(hosts), "examples/hello_dist.py")
+    done = dslaunch("-H", str(hosts), "--master_port", "0", "examples/hello_dist.py")
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("all_reduce sum = 6 (expected 6)") == 3
 
