@@ -10,7 +10,9 @@ the same runs under ``dslaunch --as-deepspeed`` and compare.
 How DeepSpeed runs on CPU here: ``DS_ACCELERATOR=cpu`` (DeepSpeed's CPU accelerator; without
 oneCCL its communication backend is gloo) and torchrun (``python -m torch.distributed.run
 --nproc_per_node 2``), which gives each rank RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT.
-The scripts need ``--use_cpu``: without it accelerate finds no device backend and every rank
+DeepSpeed's own launcher works too (``deepspeed --num_gpus 2 --no_local_rank SCRIPT ...`` with
+``DS_ACCELERATOR=cpu``; the Accelerate script takes no ``--local_rank``) and gave the same losses
+for accelerate_zero2. The scripts need ``--use_cpu``: without it accelerate finds no device backend and every rank
 thinks it is alone (world size 1). The Trainer gets it as a TrainingArguments flag; the
 Accelerate script turns it into ``PartialState(cpu=True)`` before ``Accelerator(...)``, because
 ``Accelerator(cpu=True)`` (and ``accelerate launch --use_cpu``) quietly drops the DeepSpeed plugin.
