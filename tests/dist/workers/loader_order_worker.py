@@ -90,6 +90,9 @@ def main(argv):
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / f"rank{RANK}.json").write_text(json.dumps(record))
+    # a first pipeline stage is done long before the last one; leaving then can cut the last stage's
+    # process-group set-up short (gloo: "Connection closed by peer"), so every rank leaves together
+    torch.distributed.barrier()
 
 
 if __name__ == "__main__":
