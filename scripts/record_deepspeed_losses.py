@@ -128,10 +128,31 @@ def record_loader_order(python: str, log: Path) -> dict:
     return {"cases": recorded}
 
 
+# bf16 at ZeRO 0 and 1 (bf16_steps_worker.py): DeepSpeed's stage-0 bf16 path steps its own way (issue 30)
+BF16_WORKER = "tests/dist/workers/bf16_steps_worker.py"
+
+
+def record_bf16_steps(python: str, log: Path) -> dict:
+    stages = {}
+    for stage in (0, 1):
+        with tempfile.TemporaryDirectory(prefix="ds-bf16-") as scratch:
+            argv = [python, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD_SIZE), "--master_port",
+                    str(free_port()), BF16_WORKER, str(stage), "--out", scratch]
+            with log.open("a") as sink:
+                sink.write(f"\n=== bf16_steps: {shlex.join(argv)}\n")
+                sink.flush()
+                done = subprocess.run(argv, cwd=REPO, env={**os.environ, **ENV}, stdout=sink, stderr=subprocess.STDOUT,
+                                      timeout=600)
+            if done.returncode != 0:
+                raise SystemExit(f"bf16_steps stage {stage}: DeepSpeed run failed (exit {done.returncode}); see {log}")
+            stages[str(stage)] = json.loads((Path(scratch) / "rank0.json").read_text())
+    return {"stages": stages}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", default="/work/dsref/bin/python", help="a Python with a real DeepSpeed")
-    parser.add_argument("--only", nargs="*", help="case names, loader_order among them (default: all)")
+    parser.add_argument("--only", nargs="*", help="case names, loader_order and bf16_steps among them (default: all)")
     parser.add_argument("--log", default="/tmp/record_deepspeed_losses.log")
     options = parser.parse_args()
 
@@ -145,6 +166,11 @@ def main() -> int:
                   "worker": LOADER_WORKER, **record_loader_order(options.python, Path(options.log))}
         (out_dir / "loader_order.json").write_text(json.dumps(record) + "\n")
         print("loader_order: recorded", len(record["cases"]), "cases", flush=True)
+    if not options.only or "bf16_steps" in options.only:
+        record = {"case": "bf16_steps", "versions": found, "launch": launch, "world_size": WORLD_SIZE,
+                  "worker": BF16_WORKER, **record_bf16_steps(options.python, Path(options.log))}
+        (out_dir / "bf16_steps.json").write_text(json.dumps(record, indent=1) + "\n")
+        print("bf16_steps: recorded stages", sorted(record["stages"]), flush=True)
     for name, runs in cases().items():
         if options.only and name not in options.only:
             continue
