@@ -81,7 +81,13 @@ def _model_states(engine, module_state, client_state) -> dict:
             "loss_scaler": engine.loss_scaler.state_dict() if engine.loss_scaler is not None else None,
             "global_steps": engine.global_steps, "global_samples": engine.global_samples,
             "skipped_steps": engine.skipped_steps, "micro_steps": engine.micro_steps,
-            "client_state": client_state, "ds_config": engine.config.raw}
+            "client_state": client_state, "ds_config": engine.config.raw, "data_position": _data_position(engine)}
+
+
+def _data_position(engine):
+    """Where the engine's own loader stands in its pass (None without ``training_data``)."""
+    position = getattr(getattr(engine, "training_dataloader", None), "position", None)
+    return position() if position is not None else None
 
 
 def _metadata(engine, listings) -> dict:
@@ -241,9 +247,9 @@ def _restore_training_state(engine, path, states, metadata, shards, load_optimiz
         # another world size, the same train_batch_size: accumulation changed, so the micro-step count
         # restarts on this world's boundaries (checkpoints are taken on a boundary)
         engine.micro_steps = engine.global_steps * engine.gradient_accumulation_steps()
-    sampler = getattr(getattr(engine, "training_dataloader", None), "sampler", None)
-    if hasattr(sampler, "resume"):  # the engine's own loader continues at the next unseen sample
-        sampler.resume(engine.global_samples)
+    loader = getattr(engine, "training_dataloader", None)
+    if hasattr(loader, "resume") and states.get("data_position") is not None:
+        loader.resume(states["data_position"])  # the engine's own loader continues the checkpointed pass
     if metadata["world_size"] == engine.dist_context.world_size:  # RNG streams are per rank
         rank = engine.dist_context.rank
         own = shards.get(rank) or fmt.load_file(os.path.join(path, fmt.shard_name(rank, prefix)))

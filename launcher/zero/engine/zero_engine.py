@@ -340,15 +340,15 @@ class ZeroEngine(EngineAccessors):
         if release is not None:
             release()
 
-    def deepspeed_io(self, dataset, batch_size=None, route=None, pin_memory=None, data_sampler=None,
+    def deepspeed_io(self, dataset, batch_size=None, route="train", pin_memory=None, data_sampler=None,
                      collate_fn=None, num_local_io_workers=None):
-        """A DataLoader over this rank's share of ``dataset`` in micro-batches (as training_data=)."""
-        from launcher.zero.engine.data import build_dataloader
+        """DeepSpeed's loader over ``dataset``: this rank's ``DistributedSampler`` share in micro-batches."""
+        from launcher.zero.engine.data import ROUTES, build_dataloader
 
-        if data_sampler is not None or (batch_size not in (None, self.train_micro_batch_size_per_gpu())):
-            raise ConfigError("deepspeed_io: a custom data_sampler or batch_size is not supported",
-                              hint="build your own torch DataLoader, or leave both out")
-        return build_dataloader(dataset, self.config, self.dist_context, collate_fn)
+        if route not in ROUTES:
+            raise ConfigError(f"deepspeed_io: route {route!r} is not one of {ROUTES}", hint='route="train"')
+        return build_dataloader(dataset, self.config, self.dist_context, collate_fn, batch_size=batch_size,
+                                data_sampler=data_sampler, route=route, num_workers=num_local_io_workers)
 
     def no_sync(self):
         """Not supported: let the engine accumulate (``gradient_accumulation_steps``) instead."""
