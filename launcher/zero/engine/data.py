@@ -63,13 +63,16 @@ class GlobalBatchSampler(Sampler):
         return max(0, steps) * self.micro_batch * self.accumulation
 
 
-def build_dataloader(dataset, config, dist_context, collate_fn=None) -> DataLoader:
-    """Micro-batches of ``train_micro_batch_size_per_gpu`` samples, this rank's part of each global batch."""
+def build_dataloader(dataset, config, dist_context, collate_fn=None, pin_memory: bool | None = None,
+                     num_workers: int = 0) -> DataLoader:
+    """Micro-batches of ``train_micro_batch_size_per_gpu`` samples, this rank's part of each global batch.
+    ``pin_memory``: page-locked batches for faster copies to a GPU (default: on when training on one)."""
     sampler = GlobalBatchSampler(len(dataset), dist_context.world_size, dist_context.rank,
                                  config.train_micro_batch_size_per_gpu, config.gradient_accumulation_steps)
+    on_gpu = dist_context.device.type == "cuda" and torch.cuda.is_available()
     return DataLoader(dataset, batch_size=config.train_micro_batch_size_per_gpu, sampler=sampler,
-                      collate_fn=collate_fn, drop_last=True,
-                      pin_memory=dist_context.device.type == "cuda" and torch.cuda.is_available())
+                      collate_fn=collate_fn, drop_last=True, num_workers=num_workers,
+                      pin_memory=on_gpu if pin_memory is None else bool(pin_memory) and torch.cuda.is_available())
 
 
 class RepeatingLoader:

@@ -71,7 +71,7 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         names = {id(p): n for n, p in module.named_parameters()}
         trainable = trainable_groups(optimizer, names)
         self._place_parameters(module, trainable)
-        # full shapes by name, for checkpoints (ckpt.py reads this) and users
+        # full shapes by name, for checkpoints (full_shapes) and users
         self.param_shapes = {n: tuple(P.full_shape(p)) for n, p in module.named_parameters()}
         self.aliased = True
         self.group_slots: list[list[Stage3Slot]] = []
@@ -418,6 +418,9 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         self.coordinator.remove()
         if self._overlap_helper is not None:
             self._overlap_helper.remove()
+
+    def full_shapes(self) -> dict[str, tuple[int, ...]]:
+        return self.param_shapes
 
     def release_gathered(self) -> None:
         """Free every gathered parameter (engine.empty_partition_cache)."""
