@@ -40,7 +40,7 @@ _LAZY = {
     "Init": ("launcher.zero.stages.stage3.init_context", "Init"),
     "GatheredParameters": ("launcher.zero.stages.stage3.init_context", "GatheredParameters"),
     "estimate_memory": ("launcher.zero.engine.estimate", "estimate_memory"),
-    # modules DeepSpeed scripts reach as deepspeed.<name> (see README, "Coming from DeepSpeed")
+    # modules DeepSpeed scripts reach as deepspeed.<name> (see docs/migrating/deepspeed.md)
     "comm": ("launcher.zero.comm", None),
     "zero": ("launcher.zero.zero", None),
     "accelerator": ("launcher.zero.accelerator", None),

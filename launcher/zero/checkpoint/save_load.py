@@ -25,7 +25,8 @@ SCALAR = "scalars"
 
 
 # ---- save ---------------------------------------------------------------------------------------
-def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None = None, save_latest: bool = True) -> bool:
+def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None = None, save_latest: bool = True,
+                    exclude_frozen_parameters: bool = False) -> bool:
     save_dir = os.fspath(save_dir)
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
     _check_tag(engine, tag)
@@ -36,20 +37,23 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None =
     if lead:
         shutil.rmtree(partial, ignore_errors=True)
         os.makedirs(partial)
-    _job_barrier(engine)
+    job_barrier(engine)
     fragments = _global_names(engine, engine.strategy.fragments())
     torch.save(_shard(engine, fragments), os.path.join(partial, fmt.shard_name(rank, prefix)))
     listings = _all_gather_object(engine, [[f.name, f.param_start, f.numel] for f in fragments])
     module_state = engine.strategy.module_state_dict()  # collective at stage 3
+    if exclude_frozen_parameters:
+        frozen = {name for name, param in engine.module.named_parameters() if not param.requires_grad}
+        module_state = {key: value for key, value in module_state.items() if key not in frozen}
     if rank == 0:       # data rank 0 of each tensor rank
         torch.save(_model_states(engine, module_state, client_state or {}),
                    os.path.join(partial, prefix + fmt.MODEL_STATES))
         with open(os.path.join(partial, fmt.metadata_name(tensor.rank)), "w", encoding="utf-8") as handle:
             json.dump(_metadata(engine, listings), handle, indent=1)
-    _job_barrier(engine)
+    job_barrier(engine)
     if lead:
         _publish(save_dir, partial, tag, save_latest)
-    _job_barrier(engine)
+    job_barrier(engine)
     return True
 
 
@@ -115,8 +119,8 @@ def _metadata(engine, listings) -> dict:
 
 
 def _full_shape(engine, name, param):
-    shapes = getattr(engine.strategy, "param_shapes", None)  # stage 3 knows the unpartitioned shape
-    return tuple(shapes[name]) if shapes and name in shapes else tuple(param.shape)
+    shapes = engine.strategy.full_shapes()   # stage 3 knows the unpartitioned shape
+    return tuple(shapes[name]) if name in shapes else tuple(param.shape)
 
 
 def _numel(engine, name, param) -> int:
@@ -292,7 +296,7 @@ def _barrier(engine) -> None:
         dist.barrier(group=engine.dist_context.group)
 
 
-def _job_barrier(engine) -> None:
+def job_barrier(engine) -> None:
     """Every rank of the job: under tensor parallelism the engine's group is one tensor rank's data ranks."""
     if engine.tensor_parallel.size > 1:
         dist.barrier()

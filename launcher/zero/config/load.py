@@ -1,8 +1,9 @@
 """Load and validate the engine config (dict, JSON or YAML path) into frozen dataclasses.
 
 Torch-free, so that `dslaunch --dry-run --config` can run the same checks as the ranks.
-Rules (DeepSpeed 0.19.8, reference §1): the batch triplet, `"auto"` dropped to the default inside
-sections and derived for batch keys, unknown keys rejected with the close match suggested.
+Rules (DeepSpeed 0.19.8's runtime/config.py and its sections' config classes): the batch
+triplet, `"auto"` dropped to the default inside sections and derived for batch keys, unknown
+keys rejected with the close match suggested.
 """
 from __future__ import annotations
 

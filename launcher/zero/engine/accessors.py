@@ -1,34 +1,17 @@
 """DeepSpeed's engine accessors: what a script reads off the engine besides forward/backward/step.
 
-A mixin of ZeroEngine (zero_engine.py), which provides ``config``, ``dist_context``, ``optimizer``,
-``lr_scheduler``, ``loss_scaler``, ``strategy`` and the step counters these read.
+A mixin of ZeroEngine (zero_engine.py): views of what it was built with (``config``,
+``dist_context``, ``optimizer``, ``loss_scaler``, ``precision``, ``strategy``,
+``tensor_parallel``); the step's own state (counters, boundary, norm) is answered by the engine.
 """
 from __future__ import annotations
 
 import torch
 
 
-class EngineAccessors:
-    """Read-only views of the engine's config and state, under DeepSpeed's method names."""
-
-    # ---- DeepSpeed's accessors ------------------------------------------------------------
-    @property
-    def device(self) -> torch.device:
-        return self.dist_context.device
-
-    @property
-    def global_rank(self) -> int:
-        return self.dist_context.rank
-
-    @property
-    def local_rank(self) -> int:
-        return self.dist_context.local_rank
-
-    @property
-    def world_size(self) -> int:
-        return self.dist_context.world_size
-
-    dp_world_size = world_size
+class ConfigAccessors:
+    """What both engines (this one and the pipeline's) answer from ``config``, ``optimizer`` and
+    ``loss_scaler`` alone, under DeepSpeed's method names."""
 
     def train_batch_size(self) -> int:
         return self.config.train_batch_size
@@ -41,16 +24,6 @@ class EngineAccessors:
 
     def zero_optimization_stage(self) -> int:
         return self.config.zero_stage
-
-    def is_gradient_accumulation_boundary(self) -> bool:
-        if self._boundary_override is not None:
-            return self._boundary_override
-        if not self.config.managed_gradient_accumulation:
-            return True
-        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
-
-    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
-        self._boundary_override = is_boundary
 
     def get_lr(self) -> list[float]:
         return [float(group["lr"]) for group in self.optimizer.param_groups]
@@ -66,22 +39,7 @@ class EngineAccessors:
         """DeepSpeed's meaning: the configured fp16.loss_scale (0 for dynamic)."""
         return self.config.fp16.loss_scale
 
-    def get_global_grad_norm(self) -> float | None:
-        norm = self._global_grad_norm
-        return norm.value() if hasattr(norm, "value") else norm   # a sync-free step keeps it on the device
-
-    def was_step_applied(self) -> bool:
-        return self._step_applied
-
-    def memory_breakdown(self) -> dict[str, int]:
-        """Bytes this rank holds for parameters, gradients, master weights and optimizer state."""
-        parts = dict(self.strategy.memory_breakdown())
-        parts["total"] = sum(parts.values())
-        return parts
-
     # ---- added for scripts written against DeepSpeed (issue 17) --------------------------
-    mp_world_size = 1                      # no model parallelism
-
     def fp16_enabled(self) -> bool:
         return bool(self.config.fp16.enabled)
 
@@ -122,6 +80,42 @@ class EngineAccessors:
 
     def scheduler_name(self) -> str | None:
         return self.config.scheduler.type if self.config.scheduler is not None else None
+
+
+class EngineAccessors(ConfigAccessors):
+    """The data-parallel engine's views of its ranks, strategy and precision, besides ConfigAccessors."""
+
+    # ---- DeepSpeed's accessors ------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.dist_context.device
+
+    @property
+    def global_rank(self) -> int:
+        """This process's rank in the whole job (``dist_context.rank`` is its data-parallel rank,
+        which differs under ``mpu=``)."""
+        return torch.distributed.get_rank() if torch.distributed.is_initialized() else self.dist_context.rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.dist_context.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.dist_context.world_size
+
+    dp_world_size = world_size
+
+    def memory_breakdown(self) -> dict[str, int]:
+        """Bytes this rank holds for parameters, gradients, master weights and optimizer state."""
+        parts = dict(self.strategy.memory_breakdown())
+        parts["total"] = sum(parts.values())
+        return parts
+
+    @property
+    def mp_world_size(self) -> int:
+        """The tensor-parallel size (``mpu.get_model_parallel_world_size()``); 1 without ``mpu=``."""
+        return self.tensor_parallel.size
 
     @property
     def communication_data_type(self) -> torch.dtype:

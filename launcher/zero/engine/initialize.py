@@ -81,9 +81,8 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     dataloader = _dataloader(training_data, cfg, dist_context, collate_fn)
     engine = ZeroEngine(EngineParts(module=model, optimizer=optimizer, lr_scheduler=scheduler, config=cfg,
                                     dist_context=dist_context, precision=precision, strategy=strategy,
-                                    loss_scaler=scaler, monitor=monitor, dataloader=dataloader))
-    if mpu is not None:
-        engine.tensor_parallel = tensor_info
+                                    loss_scaler=scaler, monitor=monitor, dataloader=dataloader,
+                                    tensor_parallel=tensor_info or TensorParallelInfo()))
     engine.experts = experts
     _say_ready(engine, monitor, param_count)
     return engine, optimizer, dataloader, scheduler

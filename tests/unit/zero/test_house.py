@@ -4,7 +4,8 @@
 - the launcher reaches into the engine only through its torch-free config and errors;
 - ``launcher/zero/``'s root holds at most 12 modules;
 - the shim answers exactly the DeepSpeed paths of its table: each imports, a not-built one raises
-  ``NotSupportedError`` naming the feature where one of its names is used, an internal never resolves.
+  ``NotSupportedError`` naming the feature where one of its names is used, an internal never resolves;
+- the strategy protocol (stages/base.py) declares every strategy method the engine calls.
 """
 import ast
 import subprocess
@@ -146,3 +147,26 @@ def test_the_shim_answers_every_listed_deepspeed_path_and_no_internal():
 def test_the_table_lists_the_paths_deepspeed_scripts_import(path):
     """Issue 30's list: each path is in the one table, mapped to a module or marked not built."""
     assert isinstance(DEEPSPEED_PATHS.get(path), (str, NotBuilt))
+
+
+def strategy_calls(path: Path) -> set[str]:
+    """Every ``<...>.strategy.<name>`` and ``strategy.<name>`` that a module reads."""
+    tree = ast.parse(path.read_text())
+    return {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+            and (isinstance(node.value, ast.Attribute) and node.value.attr == "strategy"
+                 or isinstance(node.value, ast.Name) and node.value.id == "strategy")}
+
+
+def test_the_strategy_protocol_declares_every_method_the_engine_calls():
+    from launcher.zero.stages.base import ZeroStrategy
+
+    users = [ENGINE / "engine" / "zero_engine.py", ENGINE / "engine" / "accessors.py",
+             ENGINE / "checkpoint" / "save_load.py"]
+    called = set().union(*(strategy_calls(path) for path in users))
+    assert {"prepare_master_grads", "grad_square_sum", "release_gathered", "full_shapes"} <= called
+    declared = set(dir(ZeroStrategy)) | set(ZeroStrategy.__annotations__)
+    undeclared = sorted(called - declared)
+    assert not undeclared, f"the engine calls strategy methods stages/base.py does not declare: {undeclared}"
+    probes = [path.name for path in users if 'getattr(self.strategy' in path.read_text()
+              or 'getattr(engine.strategy' in path.read_text()]
+    assert not probes, f"optional strategy methods probed with getattr in {probes}"

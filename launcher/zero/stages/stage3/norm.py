@@ -2,7 +2,7 @@
 
 Each group's flat gradient (``strategy.step_grads()``) is measured once in float32; a persistent parameter (whole on every
 rank) is counted on rank 0 alone. With offload and one contribution per shard, the partitioned
-squares were already summed on the device as the shards were copied out (strategy.py).
+squares were already summed on the device as the shards were copied out (stage3/strategy.py).
 An inf or NaN anywhere makes the sum non-finite, which is the overflow flag.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Stage 3's checkpoint side: fragments of the flat masters, the gathered module state dict
-and its load, and the 16-bit save. A mixin of Stage3Strategy (strategy.py), which owns the
+and its load, and the 16-bit save. A mixin of Stage3Strategy (stage3/strategy.py), which owns the
 masters, slots and the parameter coordinator it reads."""
 from __future__ import annotations
 

@@ -73,7 +73,7 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         names = {id(p): n for n, p in module.named_parameters()}
         trainable = trainable_groups(optimizer, names)
         self._place_parameters(module, trainable)
-        # full shapes by name, for checkpoints (ckpt.py reads this) and users
+        # full shapes by name, for checkpoints (full_shapes) and users
         self.param_shapes = {n: tuple(P.full_shape(p)) for n, p in module.named_parameters()}
         self.aliased = True
         self.group_slots: list[list[Stage3Slot]] = []
@@ -459,6 +459,9 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
     def compile_units(self, blocks: list[torch.nn.Module]) -> None:
         """``engine.compile()``: gather each block's parameters as one, around its compiled forward."""
         self.coordinator.use_units(blocks)
+
+    def full_shapes(self) -> dict[str, tuple[int, ...]]:
+        return self.param_shapes
 
     def release_gathered(self) -> None:
         """Free every gathered parameter (engine.empty_partition_cache)."""
