@@ -86,6 +86,8 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
         engine.tensor_parallel = tensor_info
     engine.experts = experts
     _say_ready(engine, monitor, param_count)
+    if cfg.compile.enabled:
+        engine.compile(cfg.compile.backend, cfg.compile.kwargs)
     return engine, optimizer, dataloader, scheduler
 
 
