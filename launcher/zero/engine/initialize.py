@@ -85,9 +85,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     if mpu is not None:
         engine.tensor_parallel = tensor_info
     engine.experts = experts
-    _say_ready(engine, monitor, param_count)
-    if cfg.compile.enabled:
-        engine.compile(cfg.compile.backend, cfg.compile.kwargs)
+    _ready_and_compiled(engine, monitor, param_count)
     return engine, optimizer, dataloader, scheduler
 
 
@@ -119,6 +117,15 @@ def _say_ready(engine: ZeroEngine, monitor: Monitor, param_count: int) -> None:
     if precision != "fp32" and engine.dist_context.device.type == "cpu":
         monitor.log(f"{precision} on CPU: most CPUs have no fast {precision} matrix kernels, so steps can run several "
                     f"times slower than fp32; 16-bit precision pays off on a GPU")
+
+
+def _ready_and_compiled(engine: ZeroEngine, monitor: Monitor, param_count: int) -> None:
+    """The ready line, then the ``compile`` section: ``enabled`` compiles as
+    ``engine.compile(backend, kwargs)`` would."""
+    _say_ready(engine, monitor, param_count)
+    section = engine.config.compile
+    if section.enabled:
+        engine.compile(section.backend, section.kwargs)
 
 
 def _rank_of(environ: dict[str, str]) -> int:
