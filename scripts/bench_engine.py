@@ -10,6 +10,7 @@ and prints it on stdout. A short table goes to stderr. Without CUDA it runs on t
     python scripts/bench_engine.py                      # issue 7's 406M GPT, all variants
     python scripts/bench_engine.py --tiny --variants plain,fsdp2,zero2
     python scripts/bench_engine.py --model llama --batch 8 --variants plain,zero3,ds_zero3
+    python scripts/bench_engine.py --model moe --batch 8 --variants plain,zero2,ds_zero2
 """
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ TIMING_KEYS = ("step_ms_median", "step_ms_min", "tokens_per_s", "tflops", "peak_
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """The benchmark model and batch (issue 7's 406M GPT by default; ``--model llama``: a 1.24B
     Hugging Face Llama built from a config)."""
-    p.add_argument("--model", choices=("gpt", "llama"), default="gpt")
+    p.add_argument("--model", choices=("gpt", "llama", "moe"), default="gpt",
+                   help="moe: the GPT with an MoE layer every other block (bench_moe.py)")
     p.add_argument("--llama", choices=("1b", "tiny"), default="1b", help="the Llama config (--model llama)")
     p.add_argument("--grad-ckpt", action="store_true",
                    help="activation checkpointing by the model's gradient_checkpointing_enable() (llama)")
@@ -43,6 +45,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--vocab", type=int, default=50304)
     p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--experts", type=int, default=8, help="experts per MoE layer (--model moe)")
+    p.add_argument("--top-k", type=int, default=2, help="experts per token (--model moe)")
 
 
 def device_and_model_config(args):

@@ -1,5 +1,8 @@
-"""The models the benchmarks train: our GPT (tests/helpers/gpt.py) and Hugging Face's
-``LlamaForCausalLM`` built from a config (issue 32 item 2: a model no one here wrote).
+"""The models the benchmarks train: our GPT (tests/helpers/gpt.py), Hugging Face's
+``LlamaForCausalLM`` built from a config (issue 32 item 2: a model no one here wrote), and the
+GPT with a Mixture-of-Experts layer in place of every other block's MLP (issue 31 item 5:
+8 experts, top-2, ep 1), built with our ``launcher.zero.moe`` layer or DeepSpeed's
+``deepspeed.moe`` one, the same shapes and seed (bench_moe.py).
 
 Every model is called as ``model(idx, targets)`` and returns the mean token loss, so the
 variants of bench_variants.py train either one unchanged. Llama computes its loss itself
@@ -58,9 +61,11 @@ def llama_config(preset: str, seq_len: int) -> dict:
     return dict(base, max_position_embeddings=max(base["max_position_embeddings"], seq_len))
 
 
-def build(kind: str, args, device: torch.device) -> BuiltModel:
-    """``kind`` "gpt" (``args``: layers, width, heads, seq, vocab) or "llama" (``args.llama``:
-    "1b" or "tiny", ``args.seq``); built on ``device`` in fp32 from seed 0 (seeded by the caller)."""
+def build(kind: str, args, device: torch.device, deepspeed_layer: bool = False) -> BuiltModel:
+    """``kind`` "gpt" (``args``: layers, width, heads, seq, vocab), "llama" (``args.llama``:
+    "1b" or "tiny", ``args.seq``) or "moe" (the GPT's shape with ``args.experts`` experts, top
+    ``args.top_k``; ``deepspeed_layer``: DeepSpeed's MoE layer, for the ``ds_*`` variants); built on
+    ``device`` in fp32 from seed 0 (seeded by the caller)."""
     if kind == "gpt":
         from tests.helpers.gpt import GPT, GPTConfig, count_params, flops_per_token
 
@@ -78,7 +83,11 @@ def build(kind: str, args, device: torch.device) -> BuiltModel:
         params = sum(p.numel() for p in lm.parameters())
         return BuiltModel(LlamaLoss(lm), params, llama_flops_per_token(config, args.seq), config["vocab_size"],
                           args.seq)
-    raise ValueError(f"unknown model {kind!r}: gpt or llama")
+    if kind == "moe":
+        from bench_moe import build_moe_gpt
+
+        return build_moe_gpt(args, device, deepspeed_layer=deepspeed_layer)
+    raise ValueError(f"unknown model {kind!r}: gpt, llama or moe")
 
 
 def enable_checkpointing(built: BuiltModel) -> None:

@@ -165,14 +165,10 @@ def _engine_step(engine) -> Step:
     return step
 
 
-def compile_ours(engine, backend: str):
-    """``engine.compile()`` once the engine has it (issue 32 phase 2), else the same work
-    through launcher.zero.engine.compiling directly."""
-    if hasattr(engine, "compile"):
-        return engine.compile(backend=backend, compile_kwargs={})
-    from launcher.zero.engine.compiling import CompileSettings, compile_for_strategy
-
-    return compile_for_strategy(engine.module, engine.strategy, CompileSettings(backend=backend))
+def compile_config(settings: Settings) -> dict:
+    """Our engine's ``compile`` section for the ``zero*_compile`` variants (DeepSpeed 0.19.8 has no
+    ``enabled`` key: its variants call ``engine.compile()``)."""
+    return {"enabled": True, "backend": settings.compile_backend, "kwargs": {}}
 
 
 def ours(stage: int, offload: bool = False, overlap: bool = False, compiled: bool = False,
@@ -190,6 +186,8 @@ def ours(stage: int, offload: bool = False, overlap: bool = False, compiled: boo
         except (ImportError, AttributeError) as exc:
             raise Unavailable(f"launcher.zero.initialize not importable: {exc}") from None
         config = engine_config(stage, offload, settings, overlap, offload_param)
+        if compiled:   # the engine's own path: zero.initialize compiles (engine.compile)
+            config["compile"] = compile_config(settings)
         try:
             engine, _, _, _ = zero.initialize(model=model, config=config)
         except (ImportError, NotImplementedError) as exc:
@@ -200,8 +198,8 @@ def ours(stage: int, offload: bool = False, overlap: bool = False, compiled: boo
                 raise Unavailable(f"stage {stage}{' offload' if offload else ''}: "
                                   f"{type(exc).__name__}: {exc}") from None
             raise
-        if compiled:
-            compile_ours(engine, settings.compile_backend)
+        if compiled and not engine.is_compiled:
+            raise RuntimeError("the compile section did not compile the engine")
         return _engine_step(engine)
 
     return build
@@ -220,7 +218,12 @@ def deepspeed(stage: int, offload: bool = False, compiled: bool = False, offload
         except ImportError as exc:
             raise Unavailable(f"deepspeed not installed: {exc}") from None
         ds.init_distributed(dist_backend="nccl" if settings.device.type == "cuda" else "gloo")
-        engine, _, _, _ = ds.initialize(model=model, model_parameters=model.parameters(),
+        params = list(model.parameters())
+        from deepspeed.moe.utils import has_moe_layers, split_params_into_different_moe_groups_for_optimizer
+
+        if has_moe_layers(model)[0]:   # DeepSpeed's ZeRO wants the expert parameters in their own groups
+            params = split_params_into_different_moe_groups_for_optimizer({"params": params, "name": "params"})
+        engine, _, _, _ = ds.initialize(model=model, model_parameters=params,
                                         config=engine_config(stage, offload, settings, offload_param=offload_param))
         if compiled:
             engine.compile(backend=settings.compile_backend, compile_kwargs={})

@@ -112,8 +112,10 @@ def main_worker(args) -> int:
     common = {"variant": name, "model": args.model, "batch": args.batch, "seq": args.seq,
               "warmup": args.warmup, "steps": args.steps, "grad_ckpt": args.grad_ckpt,
               "torch": torch.__version__, "device": torch.cuda.get_device_name(device) if cuda else "cpu"}
-    if args.model == "gpt":
+    if args.model in ("gpt", "moe"):
         common.update(layers=args.layers, width=args.width)
+    if args.model == "moe":
+        common.update(experts=args.experts, top_k=args.top_k)
 
     def emit(record: dict) -> int:
         print(json.dumps({**common, **record}), flush=True)
@@ -121,7 +123,13 @@ def main_worker(args) -> int:
 
     rss_start = rss_bytes()
     torch.manual_seed(0)
-    built = bench_models.build(args.model, args, device)
+    theirs = name.startswith("ds_")   # the MoE model: DeepSpeed's own layer in DeepSpeed's variants
+    if args.model == "moe" and theirs and not cuda:
+        return emit({"status": "unavailable", "reason": "DeepSpeed variants run on CUDA only"})
+    try:
+        built = bench_models.build(args.model, args, device, deepspeed_layer=theirs)
+    except ImportError as exc:
+        return emit({"status": "unavailable", "reason": f"model {args.model}: {exc}"})
     common["params_m"] = round(built.params / 1e6, 2)
     settings = Settings(batch=args.batch, device=device, grad_clip=args.grad_clip,
                         compile_backend=args.compile_backend)

@@ -15,6 +15,11 @@
 #                                        per-step losses, then gradient checkpointing (~7 min)
 #   scripts/gpu_runs.sh capacity2 OUTDIR the largest GPT of stage 3 with offload (optimizer only, and
 #                                        optimizer and parameters), bytes per parameter  (~8 min)
+# Issue 31 item 5:
+#   scripts/gpu_runs.sh moe      OUTDIR  the GPT with an MoE layer every other block (8 experts, top-2,
+#                                        ep 1; 1.1B parameters, batch 8 x 1024, bf16): plain PyTorch with
+#                                        our layer, ours at stage 2, DeepSpeed's engine and MoE layer at
+#                                        stage 2; 2 interleaved repeats, per-step losses (~6 min)
 # Issue 19 (kept):
 #   scripts/gpu_runs.sh speed|sweep|capacity OUTDIR
 #   scripts/gpu_runs.sh check  OUTDIR   prints the commands of every part (no GPU needed)
@@ -24,10 +29,10 @@
 # JSON is on its [bench] line in NAME.txt). At the end everything but the traces is packed into
 # OUTDIR/PART.tar.gz, since the device tool brings back at most 8 files.
 set -uo pipefail
-parts="speed3|offload3|llama|capacity2|speed|sweep|capacity|check"
+parts="speed3|offload3|llama|capacity2|moe|speed|sweep|capacity|check"
 part=${1:?usage: scripts/gpu_runs.sh $parts OUTDIR}
 out=${2:?usage: scripts/gpu_runs.sh $part OUTDIR}
-case $part in speed3|offload3|llama|capacity2|speed|sweep|capacity|check) ;;
+case $part in speed3|offload3|llama|capacity2|moe|speed|sweep|capacity|check) ;;
   *) echo "unknown part '$part': ${parts//|/, }"; exit 2 ;; esac
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0
@@ -107,6 +112,10 @@ case $part in
     run capacity2-optimizer 330 python3 scripts/bench_capacity.py --variants zero3_offload_optimizer \
         --tries 3 --timeout 100
     run capacity2-all 220 python3 scripts/bench_capacity.py --variants zero3_offload_all --tries 2 --timeout 90
+    ;;&
+  moe|check)
+    run moe 330 "${bench[@]}" --model moe --batch 8 --repeat 2 --budget 300 --timeout 120 --variants \
+        plain,zero2,ds_zero2
     ;;&
   speed|check)
     gpu_tests 150

@@ -55,6 +55,14 @@ def test_issue_32_parts_cover_its_items(tmp_path):
     assert any("zero3_offload_optimizer" in c for c in commands)
 
 
+def test_issue_31_moe_part_runs_ours_beside_deepspeeds_moe(tmp_path):
+    moe = [c for c in _commands(tmp_path) if "--model moe" in c]
+    assert moe, "no MoE part"
+    args = bench_engine.parse_args(moe[0].split("scripts/bench_engine.py", 1)[1].split())
+    assert (args.experts, args.top_k) == (8, 2)
+    assert {"plain", "zero2", "ds_zero2"} <= set(args.variants.split(","))
+
+
 @pytest.mark.parametrize("argv", [["bogus", "/tmp/x"], ["speed"]])
 def test_bad_part_or_missing_dir_is_a_usage_error(argv):
     proc = subprocess.run(["bash", SCRIPT, *argv], capture_output=True, text=True, timeout=30, cwd=REPO)

@@ -15,9 +15,9 @@ import os
 from typing import Any, Mapping
 
 from launcher.zero.config.schema import (
-    ACCEPTED_UNSUPPORTED, NamedConfig, ZeroConfig,
+    ACCEPTED_UNSUPPORTED, DEEPCOMPILE_DEFAULTS, NamedConfig, ZeroConfig,
 )
-from launcher.zero.errors import ConfigError
+from launcher.zero.errors import ConfigError, NotSupportedError
 
 __all__ = ["load_config", "resolve_batch", "ZeroConfig", "ConfigError"]
 
@@ -243,10 +243,24 @@ def _check_semantics(config: ZeroConfig) -> None:
         if config.optimizer.type.lower() == "lamb" and config.fp16.enabled and not config.fp16.dynamic:
             raise ConfigError("optimizer Lamb needs dynamic loss scaling (fp16.loss_scale is static)",
                               hint="set fp16.loss_scale to 0")
+    _check_compile(config)
     for key in BATCH_KEYS:
         value = getattr(config, key)
         if value is not None and value != "auto" and (not isinstance(value, int) or value < 1):
             raise ConfigError(f"{key}: must be a whole number >= 1, got {_show(value)}", hint=None)
+
+
+def _check_compile(config: ZeroConfig) -> None:
+    """DeepSpeed 0.19.8's DeepCompile keys load at their defaults; any other value names the key."""
+    for key, default in DEEPCOMPILE_DEFAULTS.items():
+        value = getattr(config.compile, key)
+        if value != default:
+            raise NotSupportedError(f"compile.{key} {_show(value)}: DeepSpeed's DeepCompile is not built in dslaunch's "
+                                    "engine", hint=f'remove compile.{key}; "compile": {{"enabled": true}} or '
+                                    "engine.compile() compiles with torch.compile")
+    if "backend" in config.compile.kwargs:
+        raise ConfigError("compile.kwargs.backend: the backend has its own key",
+                          hint='"compile": {"enabled": true, "backend": "inductor", "kwargs": {...}}')
 
 
 def resolve_batch(config: ZeroConfig, world_size: int) -> ZeroConfig:

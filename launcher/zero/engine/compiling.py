@@ -14,16 +14,11 @@ Only ``forward`` is replaced (an instance attribute; the class is untouched), so
 Glossary: a *region* is a module whose ``forward`` runs compiled; a *graph break* is a place
 where dynamo stopped a graph and fell back to Python (counted by dynamo, read by ``compile_stats``).
 
-Wiring into the engine (issue 32 phase 2, once engine.py and the config have moved):
-
-* config: ``compile: {"enabled": bool, "backend": str = "inductor", "kwargs": dict}`` (DeepSpeed's
-  older section; 0.19.8's ``deepcompile``/``passes`` keys raise NotSupportedError naming them);
-* ``Engine.compile(self, backend="inductor", compile_kwargs=None)``: ``self._compiled =
-  compile_for_strategy(self.module, self.strategy, CompileSettings(backend, dict(compile_kwargs or {})))``,
-  a second call with ``self._compiled`` set returns at once (as DeepSpeed's);
-* ``Engine.is_compiled``: ``self._compiled is not None``; ``initialize`` calls ``engine.compile(
-  config.compile.backend, config.compile.kwargs)`` when ``compile.enabled``; ``destroy`` calls
-  ``self._compiled.undo()`` before the strategy's.
+In the engine: the ``compile`` config section (``enabled``, ``backend``, ``kwargs``) makes
+``zero.initialize`` call ``engine.compile(backend, kwargs)``; ``engine.compile`` calls
+``compile_engine`` once (a second call returns, as DeepSpeed's), ``engine.is_compiled`` says whether
+it did, and ``engine.destroy`` undoes it. What compiled code cannot keep is refused by name
+(``refusals``): ``offload_optimizer.overlap_step`` waits per module in forward hooks.
 """
 from __future__ import annotations
 
@@ -144,3 +139,36 @@ def compile_for_strategy(module: torch.nn.Module, strategy, settings: CompileSet
     (it then takes the blocks as units, ``strategy.compile_units``), else as ``settings`` say."""
     units = getattr(strategy, "compile_units", None)
     return compile_regions(module, settings, blocks_needed=units is not None, before_compile=units)
+
+
+def refusals(config, schedule=None, compiled_autograd_enabled: bool = False) -> list[str]:
+    """What of this config and these arguments compiled code cannot keep, by name (empty: none)."""
+    found = []
+    offload = config.zero_optimization.offload_optimizer
+    if offload is not None and offload.active and offload.overlap_step:
+        found.append("zero_optimization.offload_optimizer.overlap_step (it waits for each module's updated "
+                     "weights in forward hooks, which compiled code would trace)")
+    if schedule is not None:
+        found.append("engine.compile(schedule=...) (DeepCompile's schedules)")
+    if compiled_autograd_enabled:
+        found.append("engine.compile(compiled_autograd_enabled=True) (compiled autograd)")
+    return found
+
+
+def compile_engine(engine, backend: str = "inductor", compile_kwargs: dict | None = None, schedule=None,
+                   compiled_autograd_enabled: bool = False) -> Compiled:
+    """``engine.compile()``'s work: refuse what compiled code cannot keep, then compile per the
+    strategy (``compile_for_strategy``). A ``backend`` inside ``compile_kwargs`` gives way to the
+    ``backend`` argument, with a line saying so (DeepSpeed's rule)."""
+    refused = refusals(engine.config, schedule, compiled_autograd_enabled)
+    if refused:
+        raise NotSupportedError("compile with " + "; ".join(refused) + " is not supported",
+                                hint="turn it off, or train without compile")
+    kwargs = dict(compile_kwargs or {})
+    if "backend" in kwargs:
+        engine.monitor.log(f"compile: compile_kwargs backend {kwargs.pop('backend')!r} is overridden by "
+                           f"backend={backend!r}")
+    compiled = compile_for_strategy(engine.module, engine.strategy, CompileSettings(backend, kwargs))
+    engine.monitor.log(f"compile: backend {backend}, {len(compiled.regions)} "
+                       f"{'blocks' if compiled.scope == 'blocks' else 'module'} compiled")
+    return compiled

@@ -84,7 +84,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
                                     loss_scaler=scaler, monitor=monitor, dataloader=dataloader,
                                     tensor_parallel=tensor_info or TensorParallelInfo()))
     engine.experts = experts
-    _say_ready(engine, monitor, param_count)
+    _ready_and_compiled(engine, monitor, param_count)
     return engine, optimizer, dataloader, scheduler
 
 
@@ -116,6 +116,15 @@ def _say_ready(engine: ZeroEngine, monitor: Monitor, param_count: int) -> None:
     if precision != "fp32" and engine.dist_context.device.type == "cpu":
         monitor.log(f"{precision} on CPU: most CPUs have no fast {precision} matrix kernels, so steps can run several "
                     f"times slower than fp32; 16-bit precision pays off on a GPU")
+
+
+def _ready_and_compiled(engine: ZeroEngine, monitor: Monitor, param_count: int) -> None:
+    """The ready line, then the ``compile`` section: ``enabled`` compiles as
+    ``engine.compile(backend, kwargs)`` would."""
+    _say_ready(engine, monitor, param_count)
+    section = engine.config.compile
+    if section.enabled:
+        engine.compile(section.backend, section.kwargs)
 
 
 def _rank_of(environ: dict[str, str]) -> int:

@@ -355,7 +355,23 @@ class ZeroEngine(EngineAccessors):
     def destroy(self) -> None:
         """Remove the engine's hooks from the module; the engine must not be used afterwards."""
         self.wait_for_step()
+        if self._compiled is not None:
+            self._compiled.undo()
         self.strategy.destroy()
+
+    _compiled = None   # what engine.compile() compiled (engine/compiling.py)
+
+    def compile(self, backend: str = "inductor", compile_kwargs: dict | None = None, schedule=None,
+                compiled_autograd_enabled: bool = False) -> None:
+        """torch.compile the module: whole at stages 0-2, per repeated block at stage 3; once."""
+        from launcher.zero.engine.compiling import compile_engine
+
+        if self._compiled is None:
+            self._compiled = compile_engine(self, backend, compile_kwargs, schedule, compiled_autograd_enabled)
+
+    @property
+    def is_compiled(self) -> bool:
+        return self._compiled is not None
 
     def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin", exclude_frozen_parameters: bool = False) -> bool:
         """The module's state dict in its training dtype; collective. ``save_filename`` holds what

@@ -83,6 +83,11 @@ def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source,
 
 
 def _check_supported(cfg) -> None:
+    if cfg.compile.enabled:
+        from launcher.zero.errors import NotSupportedError
+
+        raise NotSupportedError("compile.enabled with pipeline parallelism is not supported",
+                                hint="remove the compile section (the pipeline engine runs its stages eagerly)")
     if cfg.zero_stage > 1:
         raise ConfigError(f"zero_optimization.stage {cfg.zero_stage} with pipeline parallelism is not supported "
                           "(pipelines run ZeRO stages 0-1 over the data axis, DeepSpeed's limit too)",
