@@ -23,6 +23,7 @@ import importlib
 from typing import Any
 
 from launcher.zero.errors import CheckpointError, ConfigError
+from launcher.zero.shim.paths import DEEPSPEED_VERSION as __version__  # the DeepSpeed release we match
 
 # name -> (module, attribute or None for the module itself)
 _LAZY = {

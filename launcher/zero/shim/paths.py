@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: the DeepSpeed release whose behaviour this engine matches: ``deepspeed.__version__`` and the
+#: ``deepspeed`` package metadata report it while the shim is active
+DEEPSPEED_VERSION = "0.19.8"
+
 
 @dataclass(frozen=True)
 class NotBuilt:
