@@ -34,7 +34,7 @@ def _config_choices(config) -> tuple[torch.dtype | None, bool]:
         return None, False
     from launcher.zero.config.load import load_config
 
-    cfg = load_config(config)
+    cfg = load_config(config, passed_to="zero.Init")
     dtype = torch.float16 if cfg.fp16.enabled else torch.bfloat16 if cfg.bf16.enabled else None
     offload = cfg.zero_optimization.offload_param
     return dtype, bool(offload is not None and offload.active)
