@@ -91,7 +91,7 @@ def _parse_text(text: str, path: str) -> Any:
 # ---- the generic, metadata-driven builder -----------------------------------------------------
 def build_config(raw: dict) -> ZeroConfig:
     """Check every key of ``raw`` against ZeroConfig and build it (batch keys unresolved)."""
-    raw = dict(raw)
+    given, raw = raw, dict(raw)
     zero = raw.get("zero_optimization")
     if isinstance(zero, bool):  # legacy: "zero_optimization": true means stage 1
         raw["zero_optimization"] = {"stage": 1 if zero else 0}
@@ -100,7 +100,7 @@ def build_config(raw: dict) -> ZeroConfig:
         raw["zero_optimization"] = {**zero, "offload_optimizer": {"device": "cpu"}}
     unsupported = {key: raw.pop(key) for key in list(raw) if key in ACCEPTED_UNSUPPORTED}
     values = _build_section(ZeroConfig, raw, "")
-    config = ZeroConfig(**values, unsupported=unsupported, raw=_jsonable(raw))
+    config = ZeroConfig(**values, unsupported=unsupported, raw=_jsonable(given))
     _check_semantics(config)
     return config
 

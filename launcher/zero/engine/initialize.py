@@ -101,7 +101,7 @@ def _dataloader(training_data, cfg, dist_context: DistContext, collate_fn):
 
 def _say_ready(engine: ZeroEngine, monitor: Monitor, param_count: int) -> None:
     """The first line, before the first step: stage, precision, world size and bytes per rank."""
-    cfg = engine.config
+    cfg = engine.zero_config
     precision = "fp16" if cfg.fp16.enabled else "bf16" if cfg.bf16.enabled else "fp32"
     monitor.log(ready_line(cfg.zero_stage, precision, engine.dist_context.world_size, param_count,
                            engine.memory_breakdown()))

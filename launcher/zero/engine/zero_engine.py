@@ -52,14 +52,21 @@ class EngineParts:
     dataloader: Any = None
 
 
-class ZeroEngine(EngineAccessors):
-    """Wraps a module for ZeRO data-parallel training; call it, ``backward(loss)``, ``step()``."""
+class ZeroEngine(EngineAccessors, torch.nn.Module):
+    """Wraps a module for ZeRO data-parallel training; call it, ``backward(loss)``, ``step()``.
+
+    An ``nn.Module`` whose one child is ``module``, as DeepSpeed's engine is: integrations walk it
+    (accelerate's ``has_compiled_regions``, ``extract_model_from_parallel``). ``config`` is the
+    config dict as given (DeepSpeed's meaning: Hugging Face reads ``engine.config.get(...)``);
+    the checked, typed config is ``zero_config``.
+    """
 
     def __init__(self, parts: EngineParts):
+        torch.nn.Module.__init__(self)
         self.module = parts.module
         self.optimizer = parts.optimizer
         self.lr_scheduler = parts.lr_scheduler
-        self.config = parts.config
+        self.zero_config = parts.config
         self.dist_context = parts.dist_context
         self.precision = parts.precision
         self.strategy = parts.strategy
@@ -81,9 +88,14 @@ class ZeroEngine(EngineAccessors):
         self.total_steps: int | None = getattr(self.lr_scheduler, "total_num_steps", None)
         self._tokens_per_sample: int | None = None
         sync = torch.cuda.synchronize if self.dist_context.device.type == "cuda" else None
-        self.timers = PhaseTimer(self.config.wall_clock_breakdown, sync)
+        self.timers = PhaseTimer(self.zero_config.wall_clock_breakdown, sync)
         self._backward_hooks = BackwardHooks(self.strategy.stage, self._loss_factor,
                                              self._backward_prologue, self.strategy.post_backward)
+
+    @property
+    def config(self) -> dict:
+        """The config as a dict, DeepSpeed's ``engine.config`` (``"auto"`` values as given)."""
+        return self.zero_config.raw
 
     # ---- module pass-throughs -------------------------------------------------------------
     def train(self, mode: bool = True):
@@ -121,7 +133,7 @@ class ZeroEngine(EngineAccessors):
 
     def _forward(self, *args, **kwargs):
         self.timers.start("forward")
-        if self.config.fp16.enabled and self.config.fp16.auto_cast:
+        if self.zero_config.fp16.enabled and self.zero_config.fp16.auto_cast:
             args, kwargs = _cast_floats(args, torch.float16), _cast_floats(kwargs, torch.float16)
         self.strategy.pre_forward()
         if args and torch.is_tensor(args[0]) and args[0].dim() >= 2 and not args[0].is_floating_point():
@@ -186,7 +198,7 @@ class ZeroEngine(EngineAccessors):
         except OUT_OF_MEMORY as error:
             from launcher.zero.engine.estimate import out_of_memory_note
             try:
-                note = out_of_memory_note(self.module, self.config, self.dist_context.world_size,
+                note = out_of_memory_note(self.module, self.zero_config, self.dist_context.world_size,
                                           self.dist_context.local_world_size, self.dist_context.device)
             except Exception as failure:  # the note must never hide the real error
                 note = f"(no memory estimate: {failure})"
@@ -202,11 +214,11 @@ class ZeroEngine(EngineAccessors):
         stats = self.strategy.grad_norm_and_overflow()
         scale = self.get_loss_scale()
         in_background = False   # overlap_step: the strategy runs the update (and its zero_grad) itself
-        if stats.overflow and (self.precision.param_dtype != torch.bfloat16 or self.config.bf16.check_grad_overflow):
+        if stats.overflow and (self.precision.param_dtype != torch.bfloat16 or self.zero_config.bf16.check_grad_overflow):
             self._skip_step(scale)
         else:
             norm = stats.norm / scale
-            clip = self.config.gradient_clipping
+            clip = self.zero_config.gradient_clipping
             # DeepSpeed fuses unscaling and clipping: grads /= scale * max(1, (norm + 1e-6) / clip)
             combined = scale * max(1.0, (norm + 1e-6) / clip) if clip > 0 else scale
             self.strategy.scale_master_grads(1.0 / combined)
@@ -224,12 +236,12 @@ class ZeroEngine(EngineAccessors):
         norm never skips the step) and no loss scaler, and an optimizer that takes its gradients
         on the device (an offloaded CPU Adam needs the factor as a number)."""
         return (self.loss_scaler is None and self.precision.param_dtype == torch.bfloat16
-                and not self.config.bf16.check_grad_overflow and self.strategy.masters_on_device)
+                and not self.zero_config.bf16.check_grad_overflow and self.strategy.masters_on_device)
 
     def _step_without_sync(self, total: torch.Tensor, lr_kwargs: dict | None) -> None:
         """The step of ``_take_model_step`` with the clip factor kept on the device: the same
         arithmetic (an infinite norm zeroes the gradients), and the norm read only when asked for."""
-        clip = self.config.gradient_clipping
+        clip = self.zero_config.gradient_clipping
         if clip > 0:
             self.strategy.scale_master_grads(clip_factor(total, 1.0, clip))
         self.optimizer.step()
@@ -262,7 +274,7 @@ class ZeroEngine(EngineAccessors):
             self.monitor.log(f"non-finite gradients (inf/NaN) at step {self.global_steps + 1}: step skipped")
 
     def _report(self) -> None:
-        every = self.config.steps_per_print
+        every = self.zero_config.steps_per_print
         printing = bool(every) and self.global_steps % every == 0
         loss = None
         # the loss is read (a host sync) only for a step that prints or records it
@@ -286,9 +298,9 @@ class ZeroEngine(EngineAccessors):
             values = {"loss": loss, "lr": lrs, "loss_scale": self.get_loss_scale(), "skipped": self.skipped_steps}
             self.monitor.log(progress_line(self.global_steps, self.total_steps, values, rate,
                                            self._tokens_per_sample, now - self._started))
-            if self.config.wall_clock_breakdown:
+            if self.zero_config.wall_clock_breakdown:
                 self.monitor.log(f"time (ms) | {self.timers.report()}")
-            if self.config.memory_breakdown:
+            if self.zero_config.memory_breakdown:
                 self.monitor.log("memory (MiB) | " + " | ".join(
                     f"{k}: {v / 2**20:.2f}" for k, v in self.memory_breakdown().items()))
 
@@ -348,7 +360,7 @@ class ZeroEngine(EngineAccessors):
         if data_sampler is not None or (batch_size not in (None, self.train_micro_batch_size_per_gpu())):
             raise ConfigError("deepspeed_io: a custom data_sampler or batch_size is not supported",
                               hint="build your own torch DataLoader, or leave both out")
-        return build_dataloader(dataset, self.config, self.dist_context, collate_fn)
+        return build_dataloader(dataset, self.zero_config, self.dist_context, collate_fn)
 
     def no_sync(self):
         """Not supported: let the engine accumulate (``gradient_accumulation_steps``) instead."""

@@ -40,7 +40,7 @@ class PipelineEngine:
         self._param_dtype = next((p.dtype for p in module.parameters()), torch.float32)
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
-        self.config = config
+        self.zero_config = config
         self.device = device
         self.schedule_name = schedule
         self.grid = module.grid() if module.grid() is not None else ParallelGrid(module.topology())
@@ -69,6 +69,11 @@ class PipelineEngine:
         if self.shard is not None:
             self.shard.refresh()
 
+    @property
+    def config(self) -> dict:
+        """The config as a dict, DeepSpeed's ``engine.config``; the typed one is ``zero_config``."""
+        return self.zero_config.raw
+
     # ---- DeepSpeed's accessors ----------------------------------------------------------
     def is_first_stage(self) -> bool:
         return self.stage_id == 0
@@ -80,10 +85,10 @@ class PipelineEngine:
         return self.micro_batches
 
     def train_micro_batch_size_per_gpu(self) -> int:
-        return self.config.train_micro_batch_size_per_gpu
+        return self.zero_config.train_micro_batch_size_per_gpu
 
     def train_batch_size(self) -> int:
-        return self.config.train_batch_size
+        return self.zero_config.train_batch_size
 
     def get_global_grad_norm(self) -> float | None:
         return self._global_grad_norm
@@ -311,7 +316,7 @@ class PipelineEngine:
             self._global_grad_norm = None
         else:
             norm /= scale
-            clip = self.config.gradient_clipping
+            clip = self.zero_config.gradient_clipping
             # unscale and clip in one pass, as the data-parallel engine does
             combined = scale * max(1.0, (norm + 1e-6) / clip) if clip > 0 else scale
             if combined != 1.0:

@@ -51,8 +51,9 @@ DEEPSPEED_PATHS: dict[str, str | NotBuilt] = {
     "deepspeed.ops.sparse_attention": "launcher.zero.ops.sparse_attention",
     "deepspeed.ops.op_builder": NotBuilt("DeepSpeed's C++/CUDA op builders (deepspeed.ops.op_builder)",
                                          hint="this engine builds no ops; use the optimizers in deepspeed.ops.adam"),
-    "deepspeed.checkpoint": NotBuilt("DeepSpeed's checkpoint tools (deepspeed.checkpoint)"),
-    "deepspeed.checkpoint.utils": NotBuilt("deepspeed.checkpoint.utils (clone_tensors_for_torch_save)"),
+    "deepspeed.checkpoint": NotBuilt("DeepSpeed's checkpoint tools (deepspeed.checkpoint: universal checkpoints, "
+                                     "reshaping); only deepspeed.checkpoint.utils is built"),
+    "deepspeed.checkpoint.utils": "launcher.zero.utils.checkpoint",
     "deepspeed.moe": "launcher.zero.moe",
     "deepspeed.moe.layer": "launcher.zero.moe.layer",
     "deepspeed.moe.utils": "launcher.zero.moe.utils",

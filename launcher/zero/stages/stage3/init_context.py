@@ -214,6 +214,17 @@ class GatheredParameters:
                     p.ds_after_modify(p)
 
 
+# DeepSpeed's Init wraps torch's tensor constructors with this (transformers swaps it, inside
+# prevent_arange_dtype_change, to keep torch.arange's dtype). This Init patches no constructor: the
+# wrapper is here so that such code runs, and it is never called.
+def zero_wrapper_for_fp_tensor_constructor(fn, target_fp_dtype=None, target_device=None):
+    """The constructor unchanged (see the comment above)."""
+    return fn
+
+
+_orig_torch_arange = torch.arange
+
+
 # DeepSpeed needs these to gather a parameter another module reads during forward; at stage 3 this
 # engine gathers a partitioned parameter whenever any module reads it, so there is nothing to do.
 def register_external_parameter(module, parameter) -> None:
