@@ -41,6 +41,11 @@ _LAZY = {
     "Init": ("launcher.zero.stages.stage3.init_context", "Init"),
     "GatheredParameters": ("launcher.zero.stages.stage3.init_context", "GatheredParameters"),
     "estimate_memory": ("launcher.zero.engine.estimate", "estimate_memory"),
+    "get_accelerator": ("launcher.zero.distributed.accelerator", "get_accelerator"),
+    # DeepSpeed names not built here: they import, and raise NotSupportedError where used
+    **{name: ("launcher.zero.shim.stand_ins", name) for name in (
+        "DeepSpeedConfig", "DeepSpeedTransformerConfig", "DeepSpeedTransformerLayer", "replace_transformer_layer",
+        "init_inference", "tp_model_init")},
     # modules DeepSpeed scripts reach as deepspeed.<name> (see README, "Coming from DeepSpeed")
     "comm": ("launcher.zero.comm", None),
     "zero": ("launcher.zero.zero", None),
