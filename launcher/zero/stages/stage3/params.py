@@ -14,6 +14,7 @@ kept whole on every rank and never partitioned.
 from __future__ import annotations
 
 import enum
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -32,6 +33,8 @@ class ZeroParamStatus(str, enum.Enum):
 
 
 AVAILABLE, NOT_AVAILABLE, INFLIGHT = ZeroParamStatus.AVAILABLE, ZeroParamStatus.NOT_AVAILABLE, ZeroParamStatus.INFLIGHT
+# DeepSpeed numbers partitioned parameters (``param.ds_id``); libraries test for the attribute
+_next_id = itertools.count()
 
 
 def shard_numel(numel: int, world_size: int) -> int:
@@ -94,6 +97,7 @@ def partition(param: torch.nn.Parameter, group: Any, rank: int, world_size: int,
     param.ds_state = state
     param.ds_shape, param.ds_numel, param.ds_tensor = state.shape, state.numel, shard
     param.ds_status = state.status
+    param.ds_id = next(_next_id)
     param.data = empty_like_param(param, state.device)
     return state
 
