@@ -145,3 +145,15 @@ def test_the_shim_answers_every_listed_deepspeed_path_and_no_internal():
 def test_the_table_lists_the_paths_deepspeed_scripts_import(path):
     """Issue 30's list: each path is in the one table, mapped to a module or marked not built."""
     assert isinstance(DEEPSPEED_PATHS.get(path), (str, NotBuilt))
+
+
+def test_the_deepspeed_names_page_lists_every_path_of_the_table():
+    """docs/reference/deepspeed-names.md says which DeepSpeed paths the shim answers, and with what."""
+    page = (REPO / "docs" / "reference" / "deepspeed-names.md").read_text()
+    missing = [path for path in DEEPSPEED_PATHS if f"`{path}`" not in page]
+    assert missing == [], f"paths of launcher/zero/shim/paths.py not on the DeepSpeed names page: {missing}"
+    for path, target in DEEPSPEED_PATHS.items():
+        if isinstance(target, NotBuilt):
+            assert target.feature in page, path
+        else:
+            assert f"| `{path}` | `{target}` |" in page, path
