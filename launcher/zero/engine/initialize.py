@@ -54,7 +54,8 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
 
     tensor_info = _tensor_parallel_info(mpu, model) if mpu is not None else None   # before stage 3 partitions
     params = list(model_parameters) if model_parameters is not None else list(model.parameters())
-    param_count = sum(p.numel() for p in model.parameters())   # before stage 3 partitions them
+    # full sizes: a model built under zero.Init is partitioned already (ds_numel), others are before stage 3 runs
+    param_count = sum(int(getattr(p, "ds_numel", p.numel())) for p in model.parameters())
     optimizer = _build_optimizer(optimizer, params, cfg, dist_context)
     check_zero_support(optimizer, cfg.zero_stage, cfg.zero_allow_untested_optimizer)
     handles_comm = bool(getattr(optimizer, "handles_gradient_communication", False))
