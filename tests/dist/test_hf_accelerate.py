@@ -12,6 +12,7 @@ from tests.helpers.recorded import FP32_TOLERANCE, assert_losses_match, recorded
 from tests.scripts.hf.tiny_data import StrideTokens, mean_loss
 
 STAGES = [0, 1, 2, 3]
+RESUME_STAGES = [3]   # partitioned parameters, the hardest to restore; the Trainer's resume covers stage 0
 
 
 @pytest.fixture(scope="module", params=STAGES, ids=lambda stage: f"zero{stage}")
@@ -37,8 +38,9 @@ def test_get_state_dict_and_save_pretrained_write_a_model_from_pretrained_loads(
     assert mean_loss(model.eval(), StrideTokens(32, seed=1235), batch_size=8) == pytest.approx(ours["eval_loss"], abs=1e-5)
 
 
-def test_save_state_then_load_state_continues_with_the_uninterrupted_losses(straight, tmp_path):
-    stage, _, _, theirs = straight
+@pytest.mark.parametrize("stage", RESUME_STAGES, ids=lambda stage: f"zero{stage}")
+def test_save_state_then_load_state_continues_with_the_uninterrupted_losses(stage, tmp_path):
+    theirs = recorded(f"accelerate_zero{stage}")["runs"][0]["report"]
     interrupted, resumed = replay(f"accelerate_zero{stage}_resume", tmp_path)
     assert [s["step"] for s in interrupted["steps"]] == [1, 2, 3, 4, 5]
     assert [s["step"] for s in resumed["steps"]] == [6, 7, 8, 9, 10]

@@ -13,6 +13,9 @@ from tests.helpers.recorded import FP32_TOLERANCE, assert_losses_match, losses_b
 from tests.scripts.hf.tiny_data import StrideTokens, mean_loss
 
 STAGES = [0, 1, 2, 3]
+# resume is checked where the state differs most: whole on every rank (0) and partitioned parameters (3);
+# stages 1 and 2 save and load through the same fragment format as stage 0 (tests/dist/test_*checkpoint*)
+RESUME_STAGES = [0, 3]
 EVAL_SAMPLES, EVAL_SEED, EVAL_BATCH = 32, 1235, 8   # train_clm.py's defaults and the recorded --per_device_eval_batch_size
 
 
@@ -52,7 +55,7 @@ def test_at_zero3_from_pretrained_under_the_deepspeed_config_builds_partitioned(
     assert built["local_numel"] < built["full_numel"] / 2   # DeepSpeed's: 0 (every element on its shard)
 
 
-@pytest.mark.parametrize("stage", STAGES, ids=lambda stage: f"zero{stage}")
+@pytest.mark.parametrize("stage", RESUME_STAGES, ids=lambda stage: f"zero{stage}")
 def test_resume_from_checkpoint_continues_with_the_uninterrupted_losses(stage, tmp_path):
     """Stopped after step 5's checkpoint, then ``resume_from_checkpoint=True``: steps 6-10 as if never stopped."""
     interrupted, resumed = replay(f"trainer_zero{stage}_resume", tmp_path)

@@ -85,7 +85,7 @@ def _model_states(engine, module_state, client_state) -> dict:
             "loss_scaler": engine.loss_scaler.state_dict() if engine.loss_scaler is not None else None,
             "global_steps": engine.global_steps, "global_samples": engine.global_samples,
             "skipped_steps": engine.skipped_steps, "micro_steps": engine.micro_steps,
-            "client_state": client_state, "ds_config": engine.config.raw, "data_position": _data_position(engine)}
+            "client_state": client_state, "ds_config": engine.config, "data_position": _data_position(engine)}
 
 
 def _data_position(engine):
@@ -108,7 +108,7 @@ def _metadata(engine, listings) -> dict:
         else:
             frozen.append(name)
     metadata = {"format": fmt.FORMAT_VERSION, "world_size": engine.dist_context.world_size,
-                "stage": engine.config.zero_stage,
+                "stage": engine.zero_config.zero_stage,
                 "param_dtype": str(engine.precision.param_dtype), "global_steps": engine.global_steps,
                 "params": params, "shared_params": shared, "frozen_params": frozen, "ranks": listings}
     tensor = engine.tensor_parallel
@@ -325,7 +325,7 @@ def _all_gather_object(engine, value) -> list:
 
 
 def _check_tag(engine, tag: str) -> None:
-    mode = engine.config.checkpoint.tag_validation.lower()
+    mode = engine.zero_config.checkpoint.tag_validation.lower()
     if mode == "ignore" or engine.dist_context.world_size == 1:
         return
     tags = _all_gather_object(engine, tag)

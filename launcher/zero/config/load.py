@@ -24,11 +24,12 @@ __all__ = ["load_config", "resolve_batch", "ZeroConfig", "ConfigError"]
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
 
-def load_config(source: Any, world_size: int | None = None) -> ZeroConfig:
+def load_config(source: Any, world_size: int | None = None, passed_to: str = "initialize") -> ZeroConfig:
     """Parse and validate a config; with ``world_size`` also resolve and check the batch triplet.
 
     ``source``: a dict, a path (str or PathLike) to a JSON or YAML file, or a ZeroConfig.
-    Every error is a ConfigError whose message names the key.
+    Every error is a ConfigError whose message names where the config came from (the file, or
+    "config dict passed to <passed_to>") and the key.
     """
     if isinstance(source, ZeroConfig):
         config = source
@@ -37,12 +38,22 @@ def load_config(source: Any, world_size: int | None = None) -> ZeroConfig:
         try:
             config = build_config(raw)
         except ConfigError as error:
-            if isinstance(source, (str, os.PathLike)):   # name the file the key is in
-                raise ConfigError(f"{os.fspath(source)}: {error.message}", hint=error.hint) from None
-            raise
+            raise ConfigError(f"{describe_source(source, passed_to)}: {error.message}", hint=error.hint) from None
     if world_size is not None:
-        config = resolve_batch(config, world_size)
+        try:
+            config = resolve_batch(config, world_size)
+        except ConfigError as error:
+            raise ConfigError(f"{describe_source(source, passed_to)}: {error.message}", hint=error.hint) from None
     return config
+
+
+def describe_source(source: Any, passed_to: str = "initialize") -> str:
+    """Where a config came from, as an error message starts: the file's path, or which call got the dict."""
+    if isinstance(source, (str, os.PathLike)):
+        return os.fspath(source)
+    if isinstance(source, ZeroConfig):
+        return f"config passed to {passed_to}"
+    return f"config dict passed to {passed_to}"
 
 
 def _read_source(source: Any) -> dict:
@@ -81,7 +92,7 @@ def _parse_text(text: str, path: str) -> Any:
 # ---- the generic, metadata-driven builder -----------------------------------------------------
 def build_config(raw: dict) -> ZeroConfig:
     """Check every key of ``raw`` against ZeroConfig and build it (batch keys unresolved)."""
-    raw = dict(raw)
+    given, raw = raw, dict(raw)
     zero = raw.get("zero_optimization")
     if isinstance(zero, bool):  # legacy: "zero_optimization": true means stage 1
         raw["zero_optimization"] = {"stage": 1 if zero else 0}
@@ -90,7 +101,7 @@ def build_config(raw: dict) -> ZeroConfig:
         raw["zero_optimization"] = {**zero, "offload_optimizer": {"device": "cpu"}}
     unsupported = {key: raw.pop(key) for key in list(raw) if key in ACCEPTED_UNSUPPORTED}
     values = _build_section(ZeroConfig, raw, "")
-    config = ZeroConfig(**values, unsupported=unsupported, raw=_jsonable(raw))
+    config = ZeroConfig(**values, unsupported=unsupported, raw=_jsonable(given))
     _check_semantics(config)
     return config
 
@@ -137,6 +148,8 @@ def _convert(value: Any, meta: Mapping, key: str) -> Any:
             raise ConfigError(f"{key}: expected true or false, got {_show(value)}", hint=f'"{key.split(".")[-1]}": true')
         return value
     if kind in ("int", "float"):
+        if "infinite" in meta and isinstance(value, float) and value == math.inf:
+            return meta["infinite"]   # what DeepSpeed's arithmetic makes of it (steps_per_print: never)
         value = _number(value, kind, key)
         _check_range(value, meta, key)
     elif kind == "str":

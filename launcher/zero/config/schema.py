@@ -220,7 +220,8 @@ class ZeroConfig:
     train_micro_batch_size_per_gpu: int | None = spec(None, "int", "batch per rank per micro-step", nullable=True, min=1, batch=True)
     gradient_accumulation_steps: int | None = spec(None, "int", "micro-steps per optimizer step", nullable=True, min=1, batch=True)
     gradient_clipping: float = spec(1.0, "float", "global L2-norm clip; 0 disables", min=0.0)
-    steps_per_print: int | None = spec(None, "int", "progress line every N optimizer steps", nullable=True, min=1)
+    steps_per_print: int | None = spec(None, "int", "progress line every N optimizer steps; Infinity (as accelerate sets it) never prints",
+                                       nullable=True, min=1, infinite=None)
     wall_clock_breakdown: bool = spec(False, "bool", "print forward/backward/step timings")
     memory_breakdown: bool = spec(False, "bool", "print memory_breakdown() with the progress line")
     dump_state: bool = spec(False, "bool", "accepted for compatibility")

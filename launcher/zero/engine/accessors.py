@@ -14,16 +14,16 @@ class ConfigAccessors:
     ``loss_scaler`` alone, under DeepSpeed's method names."""
 
     def train_batch_size(self) -> int:
-        return self.config.train_batch_size
+        return self.zero_config.train_batch_size
 
     def train_micro_batch_size_per_gpu(self) -> int:
-        return self.config.train_micro_batch_size_per_gpu
+        return self.zero_config.train_micro_batch_size_per_gpu
 
     def gradient_accumulation_steps(self) -> int:
-        return self.config.gradient_accumulation_steps
+        return self.zero_config.gradient_accumulation_steps
 
     def zero_optimization_stage(self) -> int:
-        return self.config.zero_stage
+        return self.zero_config.zero_stage
 
     def get_lr(self) -> list[float]:
         return [float(group["lr"]) for group in self.optimizer.param_groups]
@@ -37,14 +37,14 @@ class ConfigAccessors:
 
     def loss_scale(self) -> float:
         """DeepSpeed's meaning: the configured fp16.loss_scale (0 for dynamic)."""
-        return self.config.fp16.loss_scale
+        return self.zero_config.fp16.loss_scale
 
     # ---- added for scripts written against DeepSpeed (issue 17) --------------------------
     def fp16_enabled(self) -> bool:
-        return bool(self.config.fp16.enabled)
+        return bool(self.zero_config.fp16.enabled)
 
     def bfloat16_enabled(self) -> bool:
-        return bool(self.config.bf16.enabled)
+        return bool(self.zero_config.bf16.enabled)
 
     bf16_enabled = bfloat16_enabled
 
@@ -52,34 +52,47 @@ class ConfigAccessors:
         return False                       # apex AMP is not supported; fp16/bf16 are
 
     def zero_optimization(self) -> bool:
-        return self.config.zero_stage > 0
+        return self.zero_config.zero_stage > 0
 
     def zero_offload_optimizer(self) -> bool:
-        return bool(self.config.zero_optimization.offload_optimizer_active)
+        return bool(self.zero_config.zero_optimization.offload_optimizer_active)
 
     def zero_offload_param(self) -> bool:
-        offload = self.config.zero_optimization.offload_param
+        offload = self.zero_config.zero_optimization.offload_param
         return bool(offload is not None and offload.active)
 
     zero_cpu_offload = zero_offload_optimizer
 
     def gradient_clipping(self) -> float:
-        return self.config.gradient_clipping
+        return self.zero_config.gradient_clipping
 
     def steps_per_print(self) -> int | None:
-        return self.config.steps_per_print
+        return self.zero_config.steps_per_print
 
     def wall_clock_breakdown(self) -> bool:
-        return self.config.wall_clock_breakdown
+        return self.zero_config.wall_clock_breakdown
 
     def dynamic_loss_scale(self) -> bool:
-        return self.fp16_enabled() and self.config.fp16.loss_scale == 0
+        return self.fp16_enabled() and self.zero_config.fp16.loss_scale == 0
 
     def optimizer_name(self) -> str | None:
-        return self.config.optimizer.type if self.config.optimizer is not None else None
+        return self.zero_config.optimizer.type if self.zero_config.optimizer is not None else None
 
     def scheduler_name(self) -> str | None:
-        return self.config.scheduler.type if self.config.scheduler is not None else None
+        return self.zero_config.scheduler.type if self.zero_config.scheduler is not None else None
+
+    # ---- what Hugging Face's integrations call (issue 30) ---------------------------------
+    def zero_gather_16bit_weights_on_model_save(self) -> bool:
+        """Whether saving a stage-3 model gathers its weights (``stage3_gather_16bit_weights_on_model_save``)."""
+        return bool(self.zero_config.zero_optimization.stage3_gather_16bit_weights_on_model_save)
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False) -> dict | None:
+        """The whole model's state dict in its training dtype, on the CPU on rank 0 and None elsewhere;
+        collective. DeepSpeed's name: accelerate's ``get_state_dict`` calls it at stage 3."""
+        from launcher.zero.checkpoint.tensors import clone_tensors_for_torch_save
+
+        state = self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
+        return clone_tensors_for_torch_save(state) if self.dist_context.rank == 0 else None
 
 
 class EngineAccessors(ConfigAccessors):

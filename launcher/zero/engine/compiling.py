@@ -160,7 +160,7 @@ def compile_engine(engine, backend: str = "inductor", compile_kwargs: dict | Non
     """``engine.compile()``'s work: refuse what compiled code cannot keep, then compile per the
     strategy (``compile_for_strategy``). A ``backend`` inside ``compile_kwargs`` gives way to the
     ``backend`` argument, with a line saying so (DeepSpeed's rule)."""
-    refused = refusals(engine.config, schedule, compiled_autograd_enabled)
+    refused = refusals(engine.zero_config, schedule, compiled_autograd_enabled)
     if refused:
         raise NotSupportedError("compile with " + "; ".join(refused) + " is not supported",
                                 hint="turn it off, or train without compile")

@@ -59,7 +59,8 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     tensor_info = _tensor_parallel_info(mpu, model) if mpu is not None else None   # before stage 3 partitions
     experts = set_up_experts(model, dist_context, cfg, mpu)   # MoE: expert groups built and handed out
     params = list(model_parameters) if model_parameters is not None else list(model.parameters())
-    param_count = sum(p.numel() for p in model.parameters())   # before stage 3 partitions them
+    # full sizes: a model built under zero.Init is partitioned already (ds_numel), others are before stage 3 runs
+    param_count = sum(int(getattr(p, "ds_numel", p.numel())) for p in model.parameters())
     if experts and optimizer is None:   # DeepSpeed splits the expert params into their own groups
         params = configure_moe_param_groups(params)
     optimizer = _build_optimizer(optimizer, params, cfg, dist_context)
@@ -109,7 +110,7 @@ def _dataloader(training_data, cfg, dist_context: DistContext, collate_fn):
 
 def _say_ready(engine: ZeroEngine, monitor: Monitor, param_count: int) -> None:
     """The first line, before the first step: stage, precision, world size and bytes per rank."""
-    cfg = engine.config
+    cfg = engine.zero_config
     precision = "fp16" if cfg.fp16.enabled else "bf16" if cfg.bf16.enabled else "fp32"
     monitor.log(ready_line(cfg.zero_stage, precision, engine.dist_context.world_size, param_count,
                            engine.memory_breakdown()))
@@ -122,7 +123,7 @@ def _ready_and_compiled(engine: ZeroEngine, monitor: Monitor, param_count: int) 
     """The ready line, then the ``compile`` section: ``enabled`` compiles as
     ``engine.compile(backend, kwargs)`` would."""
     _say_ready(engine, monitor, param_count)
-    section = engine.config.compile
+    section = engine.zero_config.compile
     if section.enabled:
         engine.compile(section.backend, section.kwargs)
 

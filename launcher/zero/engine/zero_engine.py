@@ -56,14 +56,21 @@ class EngineParts:
     tensor_parallel: TensorParallelInfo = TensorParallelInfo()
 
 
-class ZeroEngine(EngineAccessors):
-    """Wraps a module for ZeRO data-parallel training; call it, ``backward(loss)``, ``step()``."""
+class ZeroEngine(EngineAccessors, torch.nn.Module):
+    """Wraps a module for ZeRO data-parallel training; call it, ``backward(loss)``, ``step()``.
+
+    An ``nn.Module`` whose one child is ``module``, as DeepSpeed's engine is: integrations walk it
+    (accelerate's ``has_compiled_regions``, ``extract_model_from_parallel``). ``config`` is the
+    config dict as given (DeepSpeed's meaning: Hugging Face reads ``engine.config.get(...)``);
+    the checked, typed config is ``zero_config``.
+    """
 
     def __init__(self, parts: EngineParts):
+        torch.nn.Module.__init__(self)
         self.module = parts.module
         self.optimizer = parts.optimizer
         self.lr_scheduler = parts.lr_scheduler
-        self.config = parts.config
+        self.zero_config = parts.config
         self.dist_context = parts.dist_context
         self.precision = parts.precision
         self.strategy = parts.strategy
@@ -74,14 +81,19 @@ class ZeroEngine(EngineAccessors):
         self.global_steps = 0
         self.global_samples = 0
         self.skipped_steps = 0
-        self.accumulation = Accumulation(self.config.gradient_accumulation_steps,
-                                         self.config.managed_gradient_accumulation)
+        self.accumulation = Accumulation(self.zero_config.gradient_accumulation_steps,
+                                         self.zero_config.managed_gradient_accumulation)
         self._step_applied = False
         self._global_grad_norm: float | DeviceNorm | None = None
         sync = torch.cuda.synchronize if self.dist_context.device.type == "cuda" else None
-        self.progress = Progress(self.config, self.monitor, getattr(self.lr_scheduler, "total_num_steps", None), sync)
+        self.progress = Progress(self.zero_config, self.monitor, getattr(self.lr_scheduler, "total_num_steps", None), sync)
         self._backward_hooks = BackwardHooks(self.strategy.stage, self._loss_factor,
                                              self._backward_prologue, self.strategy.post_backward)
+
+    @property
+    def config(self) -> dict:
+        """The config as a dict, DeepSpeed's ``engine.config`` (``"auto"`` values as given)."""
+        return self.zero_config.raw
 
     # ---- module pass-throughs -------------------------------------------------------------
     def train(self, mode: bool = True):
@@ -119,7 +131,7 @@ class ZeroEngine(EngineAccessors):
 
     def _forward(self, *args, **kwargs):
         self.progress.timers.start("forward")
-        if self.config.fp16.enabled and self.config.fp16.auto_cast:
+        if self.zero_config.fp16.enabled and self.zero_config.fp16.auto_cast:
             args, kwargs = _cast_floats(args, torch.float16), _cast_floats(kwargs, torch.float16)
         self.strategy.pre_forward()          # stage 3 gathers parameters
         self.progress.saw_input(args)
@@ -187,7 +199,7 @@ class ZeroEngine(EngineAccessors):
             strategy.zero_grad()
         else:
             # DeepSpeed fuses unscaling and clipping: grads /= scale * max(1, (norm + 1e-6) / clip)
-            strategy.scale_master_grads(grad_factor(norm, scale, self.config.gradient_clipping))
+            strategy.scale_master_grads(grad_factor(norm, scale, self.zero_config.gradient_clipping))
             if not strategy.step_in_background(self.optimizer):   # overlap_step runs these three itself
                 self.optimizer.step()
                 strategy.after_optimizer_step()   # masters -> model parameters (all-gathered when partitioned)
@@ -204,7 +216,7 @@ class ZeroEngine(EngineAccessors):
     @property
     def _skips_non_finite(self) -> bool:
         """Whether an inf/NaN gradient skips the step (precision.skips_non_finite, the one rule)."""
-        return skips_non_finite(self.precision.param_dtype, self.config)
+        return skips_non_finite(self.precision.param_dtype, self.zero_config)
 
     def _norm_may_stay_on_device(self) -> bool:
         """Whether this step needs no host sync: nothing decides on the norm (no skip rule, no loss
@@ -241,7 +253,7 @@ class ZeroEngine(EngineAccessors):
         except OUT_OF_MEMORY as error:
             from launcher.zero.engine.estimate import out_of_memory_note
             try:
-                note = out_of_memory_note(self.module, self.config, self.dist_context.world_size,
+                note = out_of_memory_note(self.module, self.zero_config, self.dist_context.world_size,
                                           self.dist_context.local_world_size, self.dist_context.device)
             except Exception as failure:  # the note must never hide the real error
                 note = f"(no memory estimate: {failure})"
@@ -342,7 +354,7 @@ class ZeroEngine(EngineAccessors):
 
         if route not in ROUTES:
             raise ConfigError(f"deepspeed_io: route {route!r} is not one of {ROUTES}", hint='route="train"')
-        return build_dataloader(dataset, self.config, self.dist_context, collate_fn, batch_size=batch_size,
+        return build_dataloader(dataset, self.zero_config, self.dist_context, collate_fn, batch_size=batch_size,
                                 data_sampler=data_sampler, route=route, num_workers=num_local_io_workers,
                                 pin_memory=pin_memory)
 

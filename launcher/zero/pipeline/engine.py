@@ -43,7 +43,7 @@ class PipelineEngine(ConfigAccessors):
         self._param_dtype = next((p.dtype for p in module.parameters()), torch.float32)
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
-        self.config = config
+        self.zero_config = config
         self.device = device
         self.schedule_name = schedule
         self.grid = module.grid() if module.grid() is not None else ParallelGrid(module.topology())
@@ -71,6 +71,11 @@ class PipelineEngine(ConfigAccessors):
                     master.copy_(param.float())
         if self.shard is not None:
             self.shard.refresh()
+
+    @property
+    def config(self) -> dict:
+        """The config as a dict, DeepSpeed's ``engine.config``; the typed one is ``zero_config``."""
+        return self.zero_config.raw
 
     # ---- DeepSpeed's accessors (the config's own are ConfigAccessors') --------------------
     def is_first_stage(self) -> bool:
@@ -299,11 +304,11 @@ class PipelineEngine(ConfigAccessors):
         norm, overflow = self._norm_and_overflow()
         scale = self.get_loss_scale()
         norm = float("inf") if overflow else norm / scale
-        if overflow and skips_non_finite(self._param_dtype, self.config):
+        if overflow and skips_non_finite(self._param_dtype, self.zero_config):
             self.skipped_steps += 1
             self._global_grad_norm = None
         else:
-            factor = grad_factor(norm, scale, self.config.gradient_clipping)
+            factor = grad_factor(norm, scale, self.zero_config.gradient_clipping)
             if factor != 1.0:
                 for _, holder in self._holders():
                     holder.grad.mul_(factor)

@@ -170,3 +170,15 @@ def test_the_strategy_protocol_declares_every_method_the_engine_calls():
     probes = [path.name for path in users if 'getattr(self.strategy' in path.read_text()
               or 'getattr(engine.strategy' in path.read_text()]
     assert not probes, f"optional strategy methods probed with getattr in {probes}"
+
+
+def test_the_deepspeed_names_page_lists_every_path_of_the_table():
+    """docs/reference/deepspeed-names.md says which DeepSpeed paths the shim answers, and with what."""
+    page = (REPO / "docs" / "reference" / "deepspeed-names.md").read_text()
+    missing = [path for path in DEEPSPEED_PATHS if f"`{path}`" not in page]
+    assert missing == [], f"paths of launcher/zero/shim/paths.py not on the DeepSpeed names page: {missing}"
+    for path, target in DEEPSPEED_PATHS.items():
+        if isinstance(target, NotBuilt):
+            assert target.feature in page, path
+        else:
+            assert f"| `{path}` | `{target}` |" in page, path

@@ -200,7 +200,7 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         if keep_whole:
             P.finish_gather(p)
             full = p.data.clone()
-            del p.ds_state, p.ds_tensor, p.ds_shape, p.ds_numel
+            del p.ds_state, p.ds_tensor, p.ds_shape, p.ds_numel, p.ds_status, p.ds_id
             p.data = full.to(dtype)
             return
         if state.shard.dtype != dtype and state.shard.is_floating_point():
