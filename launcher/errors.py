@@ -1,7 +1,7 @@
 """Typed errors for user mistakes: each carries a message, a hint and an exit code.
 
 The CLI is the only place that turns them into text and an exit status; nothing
-below it prints or exits. Exit codes are part of the contract (README, CONTRACT.md).
+below it prints or exits. Exit codes are part of the contract (docs/reference/cli.md).
 """
 
 EXIT_OK = 0

@@ -15,7 +15,8 @@ send what will not be shown) ask the same questions.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 MODES = ("all", "rank0", "failures", "none")
 DEFAULT_MODE = "all"
@@ -50,17 +51,25 @@ def summary(mode: str, held: int, log_dir: str | None) -> str | None:
 
 @dataclass
 class OutputFilter:
-    """One job's filter: what to show, what was held, which failed ranks to print the tail of."""
+    """One job's filter: what to show, what was held, which failed ranks to print the tail of.
+
+    `shows` and `add_held` may be called from several threads at once (every rank's two output
+    threads on a node): the count is kept under a lock."""
 
     mode: str = DEFAULT_MODE
     held: int = 0
     _failed: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def shows(self, rank: int) -> bool:
         if shows(self.mode, rank):
             return True
-        self.held += 1
+        self.add_held(1)
         return False
+
+    def add_held(self, count: int) -> None:
+        with self._lock:
+            self.held += count
 
     def tail_to_print(self, rank: int, returncode: int, tail, stopping: bool = False) -> tuple[str, ...]:
         """The lines to print now for a rank that exited (empty for most exits)."""

@@ -25,6 +25,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 VARIANTS = ("plain", "zero3", "zero3_offload_all")
+KNOWN = VARIANTS + ("zero3_offload_optimizer",)   # stage 3, optimizer offload only
 GIB = 2**30
 
 
@@ -61,9 +62,12 @@ def engine_config(variant: str, batch: int) -> dict | None:
     """The DeepSpeed-style config of a variant (None: plain PyTorch)."""
     if variant == "plain":
         return None
+    if variant not in KNOWN:
+        raise ValueError(f"unknown variant {variant!r}; known: {', '.join(KNOWN)}")
     zero: dict = {"stage": 3}
-    if variant == "zero3_offload_all":
+    if variant in ("zero3_offload_all", "zero3_offload_optimizer"):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    if variant == "zero3_offload_all":
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     return {"train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": 1,
             "gradient_clipping": 1.0, "bf16": {"enabled": True}, "zero_optimization": zero,
@@ -153,6 +157,9 @@ def attempt(args, variant: str, layers: int) -> dict:
     record.update(variant=variant, layers=layers, wall_s=round(time.monotonic() - started, 1),
                   params=count_params(args.width, layers, args.seq, args.vocab))
     record["params_b"] = round(record["params"] / 1e9, 3)
+    for place in ("host", "gpu"):   # what one parameter costs where, at this size (issue 32 item 4)
+        if record.get(f"peak_{place}_bytes"):
+            record[f"{place}_bytes_per_param"] = round(record[f"peak_{place}_bytes"] / record["params"], 2)
     print(f"[capacity] {variant} {layers} layers ({record['params_b']}B): {record['status']} "
           f"{record.get('reason', '')}", file=sys.stderr, flush=True)
     print(json.dumps(record), flush=True)
@@ -181,11 +188,16 @@ def search(args, variant: str, gpu_bytes: int) -> dict:
     return {"variant": variant, "summary": True, "prediction": guess, "host_available_gib": round(available / GIB, 1),
             "gpu_gib": round(gpu_bytes / GIB, 1),
             "largest_ok": best and {k: best.get(k) for k in ("layers", "params", "params_b", "tokens_per_s",
-                                                          "peak_gpu_gib", "peak_host_gib")},
+                                                          "peak_gpu_gib", "peak_host_gib", "host_bytes_per_param",
+                                                          "gpu_bytes_per_param")},
             "next_size": too_big and {k: too_big[0].get(k) for k in ("layers", "status", "reason")}}
 
 
 def main_parent(args) -> int:
+    unknown = [v for v in args.variants.split(",") if v.strip() and v.strip() not in KNOWN]
+    if unknown:
+        print(f"unknown variant(s) {unknown}; known: {', '.join(KNOWN)}", file=sys.stderr)
+        return 2
     gpu_bytes = 0
     probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_properties(0).total_memory "
                             "if torch.cuda.is_available() else 0)"], capture_output=True, text=True)
@@ -197,11 +209,12 @@ def main_parent(args) -> int:
     for row in rows:
         best = row.get("largest_ok")
         if not best:
-            print(f"{row['variant']:<18} no size trained ({row.get('status', '')})", file=sys.stderr)
+            print(f"{row['variant']:<24} no size trained ({row.get('status', '')})", file=sys.stderr)
             continue
         ratio = f"{best['params'] / plain['largest_ok']['params']:.2f}x plain" if plain else ""
-        print(f"{row['variant']:<18} {best['layers']:>4} layers {best['params_b']:>7.2f}B params "
-              f"{best['tokens_per_s']:>9.0f} tok/s  bound: {row['prediction']['bound']}  {ratio}",
+        print(f"{row['variant']:<24} {best['layers']:>4} layers {best['params_b']:>7.2f}B params "
+              f"{best['tokens_per_s']:>9.0f} tok/s  bound: {row['prediction']['bound']}  {ratio}  "
+              f"B/param host {best.get('host_bytes_per_param')} gpu {best.get('gpu_bytes_per_param')}",
               file=sys.stderr)
     return 0
 

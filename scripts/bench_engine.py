@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
-"""Training-step benchmark of issue 7: plain PyTorch against our ZeRO stages, FSDP2, DeepSpeed.
+"""Training-step benchmark of issues 7 and 32: plain PyTorch against our ZeRO stages, FSDP2, DeepSpeed.
 
-Each variant runs in its own process (world size 1) and prints one JSON line; this parent
-adds each line's ratio to plain PyTorch measured in the same run and prints it on stdout.
-A short table goes to stderr. On a machine without CUDA it runs on the CPU (use --tiny).
+Each variant runs in its own process (world size 1, bench_worker.py) and prints one JSON line;
+this parent adds each line's ratio to plain PyTorch (and a compiled variant's to plain_compile)
+measured in the same run, the MFU (model FLOPs over the card's bf16 matrix-product rate, measured
+first in the same run), and each variant's per-step losses beside DeepSpeed's for the same config,
+and prints it on stdout. A short table goes to stderr. Without CUDA it runs on the CPU (--tiny).
 
     python scripts/bench_engine.py                      # issue 7's 406M GPT, all variants
     python scripts/bench_engine.py --tiny --variants plain,fsdp2,zero2
+    python scripts/bench_engine.py --model llama --batch 8 --variants plain,zero3,ds_zero3
+    python scripts/bench_engine.py --model moe --batch 8 --variants plain,zero2,ds_zero2
 """
 from __future__ import annotations
 
@@ -18,7 +22,6 @@ import statistics
 import subprocess
 import sys
 import time
-import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -29,13 +32,21 @@ TIMING_KEYS = ("step_ms_median", "step_ms_min", "tokens_per_s", "tflops", "peak_
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    """The benchmark GPT's shape and batch (issue 7's 406M model by default)."""
+    """The benchmark model and batch (issue 7's 406M GPT by default; ``--model llama``: a 1.24B
+    Hugging Face Llama built from a config)."""
+    p.add_argument("--model", choices=("gpt", "llama", "moe"), default="gpt",
+                   help="moe: the GPT with an MoE layer every other block (bench_moe.py)")
+    p.add_argument("--llama", choices=("1b", "tiny"), default="1b", help="the Llama config (--model llama)")
+    p.add_argument("--grad-ckpt", action="store_true",
+                   help="activation checkpointing by the model's gradient_checkpointing_enable() (llama)")
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--vocab", type=int, default=50304)
     p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--experts", type=int, default=8, help="experts per MoE layer (--model moe)")
+    p.add_argument("--top-k", type=int, default=2, help="experts per token (--model moe)")
 
 
 def device_and_model_config(args):
@@ -66,14 +77,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=300, help="seconds per variant")
     p.add_argument("--repeat", type=int, default=1,
                    help="run the variant list N times, interleaved (a,b,a,b,...), and report medians")
+    p.add_argument("--budget", type=float, default=0,
+                   help="seconds for the whole run: a repeat that would end past it (by the time its "
+                        "variant's last run took) is skipped, and the tables cover what ran; first runs "
+                        "always run; 0: no limit")
     p.add_argument("--log-dir", help="write each variant's stderr to LOG_DIR/<variant>.log")
     p.add_argument("--profile", metavar="DIR",
                    help="after timing, profile 3 steps: DIR/<variant>.txt (top kernels by GPU time)")
+    p.add_argument("--compile-backend", default="inductor",
+                   help="torch.compile backend of the *_compile variants (aot_eager: a CPU check)")
+    p.add_argument("--peak-size", type=int, default=8192,
+                   help="the bf16 matrix product (N^3) measured first, MFU's denominator; 0: none")
+    p.add_argument("--bytes", action="store_true",
+                   help="after timing, where the memory sits per parameter (host / GPU)")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # internal: run one variant here
     args = p.parse_args(argv)
     if args.tiny:
         args.layers, args.width, args.heads, args.seq, args.vocab = 2, 64, 4, 64, 512
         args.batch, args.warmup, args.steps = 2, 1, 3
+        args.llama, args.peak_size = "tiny", min(args.peak_size, 256)
     return args
 
 
@@ -215,163 +237,73 @@ def run_variant(name: str, label: str, argv: list[str], args) -> dict:
     return record
 
 
+def measure_peak(args, argv: list[str]) -> float | None:
+    """The card's bf16 matrix-product TFLOP/s, measured in its own process first (MFU's denominator)."""
+    if args.peak_size <= 0:
+        return None
+    record = run_variant("matmul_peak", "matmul_peak", argv, args)
+    print(f"[bench] matmul_peak: {record['status']} {record.get('tflops', '')} TFLOP/s "
+          f"(bf16 {args.peak_size}^3)", file=sys.stderr, flush=True)
+    print(json.dumps(record), flush=True)
+    return record.get("tflops") if record["status"] == "ok" else None
+
+
 def main_parent(args, argv: list[str]) -> int:
     sys.path.insert(0, HERE)
-    from bench_variants import TARGETS, VARIANTS
+    import bench_report as report
+    from bench_variants import DEEPSPEED_TWIN, TARGETS, VARIANTS
 
     names = [n.strip() for n in args.variants.split(",") if n.strip()]
     unknown = [n for n in names if n not in VARIANTS]
     if unknown:
         print(f"unknown variant(s) {unknown}; known: {', '.join(VARIANTS)}", file=sys.stderr)
         return 2
+    peak = measure_peak(args, argv)
     names = names * max(1, args.repeat)   # interleaved: a,b,c,a,b,c,...
     results = []
+    started, last_wall = time.monotonic(), {}
     for name, label in zip(names, label_repeats(names)):
+        expected = last_wall.get(name)   # a variant's first run always runs: every variant gets a figure
+        if args.budget and expected is not None and time.monotonic() - started + expected > args.budget:
+            print(f"[bench] {label}: skipped (budget {args.budget:.0f}s: {time.monotonic() - started:.0f}s "
+                  f"spent, this run takes ~{expected:.0f}s)", file=sys.stderr, flush=True)
+            continue
         results.append(run_variant(name, label, argv, args))
-        print(f"[bench] {label}: {results[-1]['status']} ({results[-1]['wall_s']}s)",
+        last_wall[name] = results[-1]["wall_s"]
+        # the record at once (stderr), so a run stopped from outside keeps what it measured
+        print(f"[bench] {label}: {results[-1]['status']} ({results[-1]['wall_s']}s) {json.dumps(results[-1])}",
               file=sys.stderr, flush=True)
-    for record in with_ratios(results, TARGETS):
+    final = report.add_mfu(with_ratios(results, TARGETS), peak)
+    for record in final:
         print(json.dumps(record), flush=True)
-    print(format_table(with_ratios(results, TARGETS)), file=sys.stderr)
+    print(format_table(final), file=sys.stderr)
+    print(report.format_details(final), file=sys.stderr)
+    losses = report.loss_comparison(results, DEEPSPEED_TWIN)
+    for row in losses:
+        print(json.dumps(row), flush=True)
+    if losses:
+        print(report.format_losses(losses), file=sys.stderr)
     if args.repeat > 1:
-        summary = summarize_repeats(results, TARGETS)
+        summary = report.summary_extras(summarize_repeats(results, TARGETS), results, peak)
         w = max(len(row["variant"]) for row in summary) if summary else 0
         for row in summary:
             print(json.dumps({"summary": True, **row}), flush=True)
             print(f"[median of {row['runs_ok']}] {row['variant']:<{w}} {row['tokens_per_s_median']:>10.0f} tok/s "
                   f"(spread {row['spread']:.1%}) ratio {row.get('ratio_vs_plain', float('nan')):.3f}"
+                  + (f" MFU {row['mfu']:.1%}" if "mfu" in row else "")
+                  + (f" vs plain_compile {row['ratio_vs_plain_compile']:.3f}" if "ratio_vs_plain_compile" in row else "")
                   + (f" target >={row['target_ratio']} {'met' if row['meets_target'] else 'MISSED'}"
                      if "target_ratio" in row else ""), file=sys.stderr)
     return 0 if all(r["status"] != "error" for r in results) else 1
-
-
-# ---------------------------------------------------------------- worker: one variant
-
-def main_worker(args) -> int:
-    import torch
-
-    sys.path[:0] = [HERE, REPO]
-    from tests.helpers.gpt import GPT, flops_per_token
-    from bench_variants import VARIANTS, Settings, Unavailable
-
-    name = args.worker
-    device, config = device_and_model_config(args)
-    cuda = device.type == "cuda"
-    common = {"variant": name, "batch": args.batch, "seq": args.seq, "layers": args.layers,
-              "width": args.width, "warmup": args.warmup, "steps": args.steps,
-              "torch": torch.__version__,
-              "device": torch.cuda.get_device_name(device) if cuda else "cpu"}
-
-    def emit(record: dict) -> int:
-        print(json.dumps({**common, **record}), flush=True)
-        return 0
-
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = GPT(config)
-    common["params_m"] = round(sum(p.numel() for p in model.parameters()) / 1e6, 2)
-    settings = Settings(batch=args.batch, device=device, grad_clip=args.grad_clip)
-    try:
-        step = VARIANTS[name](model, settings)
-    except Unavailable as exc:
-        return emit({"status": "unavailable", "reason": str(exc)})
-    except Exception as exc:
-        traceback.print_exc()
-        return emit({"status": "error", "reason": f"setup: {type(exc).__name__}: {exc}"[:500]})
-
-    # Several random batches, rotated, so no step sees cached or all-zero data.
-    gen = torch.Generator(device=device).manual_seed(1)
-    batches = []
-    for _ in range(4):
-        tokens = torch.randint(0, config.vocab_size, (args.batch, config.seq_len + 1),
-                               device=device, generator=gen)
-        batches.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
-    try:
-        times_ms, losses = time_steps(step, batches, args.warmup, args.steps, device)
-    except Exception as exc:
-        traceback.print_exc()
-        return emit({"status": "error", "reason": f"step: {type(exc).__name__}: {exc}"[:500]})
-
-    if args.profile:
-        profile_steps(step, batches, device, os.path.join(args.profile, f"{name}.txt"))
-    median = statistics.median(times_ms)
-    tokens = args.batch * config.seq_len
-    return emit({
-        "status": "ok",
-        "step_ms_median": round(median, 3), "step_ms_min": round(min(times_ms), 3),
-        "step_ms_max": round(max(times_ms), 3),
-        "tokens_per_s": round(tokens / median * 1e3, 1),
-        "tflops": round(flops_per_token(config) * tokens / median / 1e9, 2),
-        "peak_mem_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if cuda else None,
-        "peak_reserved_gib": (round(torch.cuda.max_memory_reserved(device) / 2**30, 3)
-                              if cuda else None),
-        "loss_first": round(losses[0], 4), "loss_last": round(losses[-1], 4),
-    })
-
-
-def time_steps(step, batches, warmup: int, steps: int, device) -> tuple[list[float], list[float]]:
-    """Run warm-up then timed steps; per-step times in ms (CUDA events on GPU)."""
-    import torch
-
-    cuda = device.type == "cuda"
-    losses, marks = [], []
-    for i in range(warmup + steps):
-        idx, targets = batches[i % len(batches)]
-        if i >= warmup:
-            start = torch.cuda.Event(enable_timing=True) if cuda else time.perf_counter()
-            if cuda:
-                start.record()
-        loss = step(idx, targets)
-        losses.append(loss.detach())
-        if i >= warmup:
-            if cuda:
-                end = torch.cuda.Event(enable_timing=True)
-                end.record()
-                marks.append((start, end))
-            else:
-                marks.append((start, time.perf_counter()))
-    if cuda:
-        torch.cuda.synchronize(device)
-        times = [s.elapsed_time(e) for s, e in marks]
-    else:
-        times = [(e - s) * 1e3 for s, e in marks]
-    return times, [float(x) for x in losses]
-
-
-def profile_steps(step, batches, device, path: str, steps: int = 3) -> None:
-    """torch.profiler over a few steps: the table of kernels by GPU time, and busy vs wall."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    started = time.perf_counter()
-    with profile(activities=activities) as prof:
-        for i in range(steps):
-            step(*batches[i % len(batches)])
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    wall_ms = (time.perf_counter() - started) * 1e3 / steps
-    events = prof.key_averages()
-    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    # kernels and copies only (device-side events); operator rows would count them twice
-    busy_us = sum(getattr(e, "self_device_time_total", 0) for e in events
-                  if str(getattr(e, "device_type", "")).endswith("CUDA"))
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w") as f:
-        f.write(f"per step: wall {wall_ms:.2f} ms (profiled), GPU kernel time "
-                f"{busy_us / 1e3 / steps:.2f} ms\n")
-        f.write(events.table(sort_by=sort, row_limit=30, max_name_column_width=70))
-        if device.type == "cuda":   # where the host's time goes (offload steps are host-bound)
-            f.write("\nby self CPU time:\n")
-            f.write(events.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=70))
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     if args.worker:
+        sys.path.insert(0, HERE)
+        from bench_worker import main_worker
+
         try:
             return main_worker(args)
         finally:

@@ -1,8 +1,12 @@
 """How each benchmark variant turns the GPT into a training step (runs inside one worker).
 
 A variant is a function (model, settings) -> step, where step(idx, targets) runs one full
-training step (forward, backward, clip, optimizer) and returns the loss tensor. A variant
-that cannot run here raises Unavailable with the reason.
+training step (forward, backward, clip, optimizer) and returns the loss tensor; given
+``mark``, the step calls mark("forward"), mark("backward") and mark("step") as each phase
+is queued (bench_worker.py times the phases with them). A variant that cannot run here
+raises Unavailable with the reason. ``*_compile`` variants run torch.compile
+(``settings.compile_backend``): whole model for plain, DeepSpeed and our stages 0-2, per
+transformer block (torchtitan's way) for FSDP2 and our stage 3.
 """
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-Step = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Step = Callable[..., torch.Tensor]   # step(idx, targets, mark=None) -> loss
 
 # Issue 7's targets: minimum tokens/s ratio to plain PyTorch, per variant.
 TARGETS = {"zero0": 0.97, "zero1": 0.97, "zero2": 0.97, "zero3": 0.97, "zero2_offload": 0.60,
@@ -34,6 +38,7 @@ class Settings:
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.95)
     grad_clip: float = 1.0
+    compile_backend: str = "inductor"   # the *_compile variants' torch.compile backend
 
 
 def _adamw(params, settings: Settings) -> torch.optim.Optimizer:
@@ -48,21 +53,37 @@ def _autocast(settings: Settings):
     return torch.autocast(device_type=settings.device.type, dtype=torch.bfloat16)
 
 
+def _no_mark(phase: str) -> None:
+    pass
+
+
 def plain(model: torch.nn.Module, settings: Settings) -> Step:
     """Plain PyTorch: fp32 weights, autocast bf16, fused AdamW, clip by global norm."""
     return _torch_step(model, _adamw(model.parameters(), settings), settings, autocast=True)
 
 
-def _torch_step(model: torch.nn.Module, optimizer, settings: Settings, autocast: bool) -> Step:
+def plain_compile(model: torch.nn.Module, settings: Settings) -> Step:
+    """Plain PyTorch with ``torch.compile(model)`` (the whole model, one graph where it can)."""
+    compiled = torch.compile(model, backend=settings.compile_backend)
+    return _torch_step(compiled, _adamw(model.parameters(), settings), settings, autocast=True,
+                       params=list(model.parameters()))
+
+
+def _torch_step(model: torch.nn.Module, optimizer, settings: Settings, autocast: bool, params=None) -> Step:
     """forward (under autocast when asked), backward, clip by global norm, optimizer step."""
-    def step(idx, targets):
+    params = list(model.parameters()) if params is None else params
+
+    def step(idx, targets, mark=_no_mark):
         with _autocast(settings) if autocast else contextlib.nullcontext():
             loss = model(idx, targets)
+        mark("forward")
         loss.backward()
+        mark("backward")
         if settings.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip, foreach=True)
+            torch.nn.utils.clip_grad_norm_(params, settings.grad_clip, foreach=True)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        mark("step")
         return loss
 
     return step
@@ -74,8 +95,16 @@ def _init_process_group(device: torch.device) -> None:
         dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
 
 
-def fsdp2(model: torch.nn.Module, settings: Settings) -> Step:
-    """FSDP2 (fully_shard per block, then the root), bf16 compute and fp32 reduction."""
+def blocks_of(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's transformer blocks (the repeated children of a ModuleList)."""
+    from launcher.zero.engine.compiling import repeated_blocks
+
+    return repeated_blocks(model)
+
+
+def fsdp2(model: torch.nn.Module, settings: Settings, compile_blocks: bool = False) -> Step:
+    """FSDP2 (fully_shard per block, then the root), bf16 compute and fp32 reduction; with
+    ``compile_blocks`` each block's forward is compiled inside its FSDP hooks (torchtitan)."""
     try:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     except ImportError:
@@ -85,20 +114,30 @@ def fsdp2(model: torch.nn.Module, settings: Settings) -> Step:
             raise Unavailable(f"FSDP2 not in torch {torch.__version__}: {exc}") from None
     _init_process_group(settings.device)
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for block in model.blocks:
+    for block in blocks_of(model):
         fully_shard(block, mp_policy=policy)
+        if compile_blocks:
+            block.forward = torch.compile(block.forward, backend=settings.compile_backend)
     fully_shard(model, mp_policy=policy)
     return _torch_step(model, _adamw(model.parameters(), settings), settings, autocast=False)
 
 
-def engine_config(stage: int, offload: bool, settings: Settings, overlap: bool = False) -> dict:
+def fsdp2_compile(model: torch.nn.Module, settings: Settings) -> Step:
+    return fsdp2(model, settings, compile_blocks=True)
+
+
+def engine_config(stage: int, offload: bool, settings: Settings, overlap: bool = False,
+                  offload_param: bool = False) -> dict:
     """The DeepSpeed-style config both our engine and DeepSpeed get for a stage
-    (``overlap``: ours only, the offloaded step in the background, ``overlap_step``)."""
+    (``overlap``: ours only, the offloaded step in the background, ``overlap_step``;
+    ``offload_param``: stage 3's parameters in host memory too)."""
     zero: dict = {"stage": stage}
     if offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         if overlap:
             zero["offload_optimizer"]["overlap_step"] = True
+    if offload_param:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     return {
         "train_micro_batch_size_per_gpu": settings.batch,
         "gradient_accumulation_steps": 1,
@@ -113,17 +152,29 @@ def engine_config(stage: int, offload: bool, settings: Settings, overlap: bool =
 
 
 def _engine_step(engine) -> Step:
-    def step(idx, targets):
+    def step(idx, targets, mark=_no_mark):
         loss = engine(idx, targets)
+        mark("forward")
         engine.backward(loss)
+        mark("backward")
         engine.step()
+        mark("step")
         return loss
 
+    step.engine = engine   # for the worker's byte accounting and compile statistics
     return step
 
 
-def ours(stage: int, offload: bool = False, overlap: bool = False):
-    """Our engine, launcher.zero, at a stage (with optimizer offload to CPU if asked)."""
+def compile_config(settings: Settings) -> dict:
+    """Our engine's ``compile`` section for the ``zero*_compile`` variants (DeepSpeed 0.19.8 has no
+    ``enabled`` key: its variants call ``engine.compile()``)."""
+    return {"enabled": True, "backend": settings.compile_backend, "kwargs": {}}
+
+
+def ours(stage: int, offload: bool = False, overlap: bool = False, compiled: bool = False,
+         offload_param: bool = False):
+    """Our engine, launcher.zero, at a stage (with optimizer offload to CPU if asked; compiled:
+    the whole module at stages 0-2, per block at stage 3)."""
 
     def build(model: torch.nn.Module, settings: Settings) -> Step:
         try:
@@ -134,7 +185,9 @@ def ours(stage: int, offload: bool = False, overlap: bool = False):
             zero.initialize  # noqa: B018 - lazy attribute: imports the engine
         except (ImportError, AttributeError) as exc:
             raise Unavailable(f"launcher.zero.initialize not importable: {exc}") from None
-        config = engine_config(stage, offload, settings, overlap)
+        config = engine_config(stage, offload, settings, overlap, offload_param)
+        if compiled:   # the engine's own path: zero.initialize compiles (engine.compile)
+            config["compile"] = compile_config(settings)
         try:
             engine, _, _, _ = zero.initialize(model=model, config=config)
         except (ImportError, NotImplementedError) as exc:
@@ -145,13 +198,16 @@ def ours(stage: int, offload: bool = False, overlap: bool = False):
                 raise Unavailable(f"stage {stage}{' offload' if offload else ''}: "
                                   f"{type(exc).__name__}: {exc}") from None
             raise
+        if compiled and not engine.is_compiled:
+            raise RuntimeError("the compile section did not compile the engine")
         return _engine_step(engine)
 
     return build
 
 
-def deepspeed(stage: int, offload: bool = False):
-    """DeepSpeed (when installed) on the same config; FusedAdam / DeepSpeedCPUAdam."""
+def deepspeed(stage: int, offload: bool = False, compiled: bool = False, offload_param: bool = False):
+    """DeepSpeed (when installed) on the same config; FusedAdam / DeepSpeedCPUAdam; compiled:
+    DeepSpeed 0.19.8's ``engine.compile(backend=...)`` (the whole module)."""
 
     def build(model: torch.nn.Module, settings: Settings) -> Step:
         if settings.device.type != "cuda":
@@ -162,8 +218,15 @@ def deepspeed(stage: int, offload: bool = False):
         except ImportError as exc:
             raise Unavailable(f"deepspeed not installed: {exc}") from None
         ds.init_distributed(dist_backend="nccl" if settings.device.type == "cuda" else "gloo")
-        engine, _, _, _ = ds.initialize(model=model, model_parameters=model.parameters(),
-                                        config=engine_config(stage, offload, settings))
+        params = list(model.parameters())
+        from deepspeed.moe.utils import has_moe_layers, split_params_into_different_moe_groups_for_optimizer
+
+        if has_moe_layers(model)[0]:   # DeepSpeed's ZeRO wants the expert parameters in their own groups
+            params = split_params_into_different_moe_groups_for_optimizer({"params": params, "name": "params"})
+        engine, _, _, _ = ds.initialize(model=model, model_parameters=params,
+                                        config=engine_config(stage, offload, settings, offload_param=offload_param))
+        if compiled:
+            engine.compile(backend=settings.compile_backend, compile_kwargs={})
         return _engine_step(engine)
 
     return build
@@ -171,13 +234,23 @@ def deepspeed(stage: int, offload: bool = False):
 
 VARIANTS: dict[str, Callable[[torch.nn.Module, Settings], Step]] = {
     "plain": plain,
+    "plain_compile": plain_compile,
     "fsdp2": fsdp2,
+    "fsdp2_compile": fsdp2_compile,
     **{f"zero{s}": ours(s) for s in range(4)},
     "zero2_offload": ours(2, offload=True),
     "zero3_offload": ours(3, offload=True),
+    "zero3_offload_all": ours(3, offload=True, offload_param=True),
     "zero2_offload_overlap": ours(2, offload=True, overlap=True),
     "zero3_offload_overlap": ours(3, offload=True, overlap=True),
     **{f"ds_zero{s}": deepspeed(s) for s in range(4)},
     "ds_zero2_offload": deepspeed(2, offload=True),
     "ds_zero3_offload": deepspeed(3, offload=True),
+    "ds_zero3_offload_all": deepspeed(3, offload=True, offload_param=True),
+    **{f"zero{s}_compile": ours(s, compiled=True) for s in range(4)},
+    **{f"ds_zero{s}_compile": deepspeed(s, compiled=True) for s in range(4)},
 }
+
+#: each variant of ours beside the DeepSpeed variant of the same config (per-step losses)
+DEEPSPEED_TWIN = {name: "ds_" + name.replace("_overlap", "") for name in VARIANTS
+                  if not name.startswith("ds_") and "ds_" + name.replace("_overlap", "") in VARIANTS}

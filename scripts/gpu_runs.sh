@@ -1,22 +1,39 @@
 #!/usr/bin/env bash
 # The GPU measurements of benchmarks/RESULTS.md, in parts that each fit one device call
 # (10 minutes): run from the repository root on the GPU machine, with the DeepSpeed wheel and its
-# dependencies carried in .whl/ (RESULTS.md's software row says how they are built).
+# dependencies carried in device-carry/ (scripts/build_device_carry.sh builds it; it is git-ignored).
 #
-#   scripts/gpu_runs.sh speed  OUTDIR   GPU tests, then plain/zero3/fsdp2 and both offloads beside
-#                                       DeepSpeed's, 3 interleaved repeats            (~7 min on an H100)
-#   scripts/gpu_runs.sh sweep  OUTDIR   the background CPU Adam's thread count, stages 0-2, a traced
-#                                       step of each offload (trace_summary.py), and the
-#                                       activation-checkpointing peak                  (~8 min)
-#   scripts/gpu_runs.sh capacity OUTDIR the largest GPT each variant trains            (~9 min)
-#   scripts/gpu_runs.sh check  OUTDIR   prints the commands only (no GPU needed)
+# Issue 32 (estimates from the 2026-12-05 H100 figures; every command has its own time limit):
+#   scripts/gpu_runs.sh speed3   OUTDIR  GPU tests, then plain / plain_compile / zero2_compile /
+#                                        zero3_compile / fsdp2_compile, 3 interleaved repeats, and
+#                                        DeepSpeed's compile at stages 2 and 3 once (~8 min)
+#   scripts/gpu_runs.sh offload3 OUTDIR  both offloads (overlap_step) beside plain, 3 repeats; every
+#                                        offload mode, ours and DeepSpeed's, once with bytes per
+#                                        parameter; a traced step of each offload  (~7.5 min)
+#   scripts/gpu_runs.sh llama    OUTDIR  transformers' LlamaForCausalLM (1.24B, GQA, batch 8 x 1024):
+#                                        ours at stages 2/3 and with offload beside plain and DeepSpeed,
+#                                        per-step losses, then gradient checkpointing (~7 min)
+#   scripts/gpu_runs.sh capacity2 OUTDIR the largest GPT of stage 3 with offload (optimizer only, and
+#                                        optimizer and parameters), bytes per parameter  (~8 min)
+# Issue 31 item 5:
+#   scripts/gpu_runs.sh moe      OUTDIR  the GPT with an MoE layer every other block (8 experts, top-2,
+#                                        ep 1; 1.1B parameters, batch 8 x 1024, bf16): plain PyTorch with
+#                                        our layer, ours at stage 2, DeepSpeed's engine and MoE layer at
+#                                        stage 2; 2 interleaved repeats, per-step losses (~6 min)
+# Issue 19 (kept):
+#   scripts/gpu_runs.sh speed|sweep|capacity OUTDIR
+#   scripts/gpu_runs.sh check  OUTDIR   prints the commands of every part (no GPU needed)
 #
 # Every command's output goes to OUTDIR (the device tool's $OUT); the summary lines also go to
-# stdout. A part that runs out of time leaves what it measured so far.
+# stdout. A part that runs out of time leaves what it measured so far (each finished variant's
+# JSON is on its [bench] line in NAME.txt). At the end everything but the traces is packed into
+# OUTDIR/PART.tar.gz, since the device tool brings back at most 8 files.
 set -uo pipefail
-part=${1:?usage: scripts/gpu_runs.sh speed|sweep|capacity|check OUTDIR}
+parts="speed3|offload3|llama|capacity2|moe|speed|sweep|capacity|check"
+part=${1:?usage: scripts/gpu_runs.sh $parts OUTDIR}
 out=${2:?usage: scripts/gpu_runs.sh $part OUTDIR}
-case $part in speed|sweep|capacity|check) ;; *) echo "unknown part '$part': speed, sweep, capacity or check"; exit 2 ;; esac
+case $part in speed3|offload3|llama|capacity2|moe|speed|sweep|capacity|check) ;;
+  *) echo "unknown part '$part': ${parts//|/, }"; exit 2 ;; esac
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0
 
@@ -27,30 +44,81 @@ run() {   # run NAME SECONDS COMMAND...: stdout to NAME.jsonl, stderr to NAME.tx
     [ "$part" = check ] && return 0
     timeout "$seconds" "$@" >"$out/$name.jsonl" 2>"$out/$name.txt"
     echo "   exit $?"
-    grep -v '^\[bench\]' "$out/$name.txt" | tail -30   # the table and the medians
+    grep -v '^\[bench\]' "$out/$name.txt" | grep -v '^\[zero\]' | tail -40   # the tables and medians
+}
+
+gpu_tests() {   # gpu_tests SECONDS
+    echo "== gpu-tests: python3 -m pytest tests/gpu -m gpu -q"
+    [ "$part" = check ] && return 0
+    timeout "$1" python3 -m pytest tests/gpu -m gpu -q >"$out/gpu-tests.txt" 2>&1
+    tail -3 "$out/gpu-tests.txt"
+}
+
+trace() {   # trace VARIANT SECONDS: where one offloaded step's time goes
+    local variant=$1 seconds=$2
+    echo "== trace-$variant: python3 scripts/trace_steps.py --variant $variant --trace \$OUT/trace-$variant.json.gz"
+    [ "$part" = check ] && return 0
+    timeout "$seconds" python3 scripts/trace_steps.py --variant "$variant" --warmup 3 --steps 4 \
+        --trace "$out/trace-$variant.json.gz" >"$out/trace-$variant.txt" 2>&1
+    python3 scripts/trace_summary.py "$out/trace-$variant.json.gz" --top 6 | tee "$out/trace-$variant.summary"
 }
 
 setup() {
     [ "$part" = check ] && return 0
     if ! python3 -c "import deepspeed" 2>/dev/null; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-            --target /tmp/site .whl/*.whl >/dev/null 2>&1 || { echo "no .whl/ to install DeepSpeed from"; exit 3; }
+            --target /tmp/site device-carry/*.whl >/dev/null 2>&1 || { echo "no device-carry/ to install DeepSpeed from"; exit 3; }
         export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
     fi
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-    python3 -c "import os, torch, deepspeed; print('torch', torch.__version__, 'deepspeed', deepspeed.__version__, 'cores', os.cpu_count())"
+    python3 -c "import os, torch, deepspeed, transformers; print('torch', torch.__version__, 'deepspeed', deepspeed.__version__, 'transformers', transformers.__version__, 'cores', os.cpu_count())"
+    free -g | head -2
     date -u
 }
+
+pack() {   # everything but the Chrome traces into one file; traces over 15 MiB are dropped
+    [ "$part" = check ] && return 0
+    (cd "$out" && find . -maxdepth 1 -type f ! -name '*.json.gz' ! -name "$part.tar.gz" -printf '%P\n' \
+        | tar czf "$part.tar.gz" -T - --remove-files)
+    find "$out" -maxdepth 1 -name '*.json.gz' -size +15M -delete
+    ls -la "$out"
+}
+trap pack EXIT
 
 bench=(python3 scripts/bench_engine.py --warmup 3 --steps 6)
 setup
 case $part in
+  speed3|check)
+    gpu_tests 130
+    run compile3 330 "${bench[@]}" --repeat 3 --budget 300 --timeout 150 --variants \
+        plain,plain_compile,zero3_compile,fsdp2_compile,zero2_compile
+    run ds-compile 95 "${bench[@]}" --peak-size 0 --budget 80 --timeout 80 --variants ds_zero3_compile
+    ;;&
+  offload3|check)
+    run offload-repeat3 150 "${bench[@]}" --repeat 3 --budget 140 --timeout 60 --variants \
+        plain,zero2_offload_overlap,zero3_offload_overlap
+    run offload-bytes 240 "${bench[@]}" --bytes --peak-size 0 --timeout 90 --variants \
+        plain,zero2_offload,zero3_offload,zero3_offload_all,ds_zero2_offload,ds_zero3_offload,ds_zero3_offload_all
+    trace zero2_offload_overlap 75
+    trace zero3_offload_overlap 75
+    ;;&
+  llama|check)
+    llama=(python3 scripts/bench_engine.py --model llama --batch 8 --seq 1024 --warmup 2 --steps 5)
+    run llama 330 "${llama[@]}" --timeout 90 --variants \
+        plain,zero2,zero3,zero2_offload_overlap,zero3_offload_overlap,ds_zero2,ds_zero3,ds_zero2_offload,ds_zero3_offload
+    run llama-ckpt 110 "${llama[@]}" --grad-ckpt --peak-size 0 --timeout 50 --variants plain,zero3,ds_zero3
+    ;;&
+  capacity2|check)
+    run capacity2-optimizer 330 python3 scripts/bench_capacity.py --variants zero3_offload_optimizer \
+        --tries 3 --timeout 100
+    run capacity2-all 220 python3 scripts/bench_capacity.py --variants zero3_offload_all --tries 2 --timeout 90
+    ;;&
+  moe|check)
+    run moe 330 "${bench[@]}" --model moe --batch 8 --repeat 2 --budget 300 --timeout 120 --variants \
+        plain,zero2,ds_zero2
+    ;;&
   speed|check)
-    echo "== gpu-tests: python3 -m pytest tests/gpu -m gpu -q"
-    if [ "$part" = speed ]; then
-        timeout 150 python3 -m pytest tests/gpu -m gpu -q >"$out/gpu-tests.txt" 2>&1
-        tail -3 "$out/gpu-tests.txt"
-    fi
+    gpu_tests 150
     run repeat3 420 "${bench[@]}" --repeat 3 --timeout 120 --variants \
         plain,zero3,fsdp2,zero2_offload_overlap,zero3_offload_overlap,ds_zero2_offload,ds_zero3_offload
     ;;&
@@ -60,14 +128,8 @@ case $part in
             --variants plain,zero2_offload_overlap
     done
     run stages012 150 "${bench[@]}" --timeout 45 --variants plain,zero0,zero1,zero2
-    for variant in zero2_offload_overlap zero3_offload_overlap; do   # where each offloaded step goes
-        echo "== trace-$variant: python3 scripts/trace_steps.py --variant $variant --trace \$OUT/trace-$variant.json.gz"
-        if [ "$part" = sweep ]; then
-            timeout 100 python3 scripts/trace_steps.py --variant "$variant" --warmup 3 --steps 4 \
-                --trace "$out/trace-$variant.json.gz" >"$out/trace-$variant.txt" 2>&1
-            python3 scripts/trace_summary.py "$out/trace-$variant.json.gz" --top 6 | tee "$out/trace-$variant.summary"
-        fi
-    done
+    trace zero2_offload_overlap 100
+    trace zero3_offload_overlap 100
     echo "== activation-ckpt: python3 scripts/bench_activation_ckpt.py --batch-sizes 16 --steps 3"
     if [ "$part" = sweep ]; then
         timeout 120 python3 scripts/bench_activation_ckpt.py --batch-sizes 16 --steps 3 \

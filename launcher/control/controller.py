@@ -63,6 +63,7 @@ class Controller:
         self.done: set[int] = set()
         self.exits: list[RankExit] = []   # every rank's exit, to say when all failed alike
         self.stopping = False              # a stop went out: later exits are stopped ranks, not failures
+        self.failing: RankExit | None = None  # an agent's word of a failed rank; its exit (its lines) follows
         self.hellos: dict[int, dict] = {}  # node rank -> its agent's hostname and pid
         self.lost: list[int] = []  # node ranks gone silent, whose agent died, or that never confirmed the stop
         self.lost_reasons: dict[int, str] = {}
@@ -141,7 +142,7 @@ class Controller:
                 next_heartbeat = now + HEARTBEAT_SECONDS
             if plans_sent and stopping_since is None:
                 lost = lost or self._silent_node(now) or self._dead_agent()
-            reason = stop_reason["value"] or (failure and "rank failure") or (lost and "node lost")
+            reason = stop_reason["value"] or ((failure or self.failing) and "rank failure") or (lost and "node lost")
             if reason and stopping_since is None:
                 stopping_since = now
                 signum = signal.SIGINT if reason == "SIGINT" else signal.SIGTERM
@@ -158,13 +159,13 @@ class Controller:
             # one turn: every waiting event (failure, exit, done) first, then a bounded batch of output
             for node_rank, message in self._take_events(wait=0.0 if self.relay.pending(self.inbox) else 0.05):
                 failure = self._handle(node_rank, message, failure)
-            if (failure or stop_reason["value"]) and stopping_since is None:
+            if (failure or self.failing or stop_reason["value"]) and stopping_since is None:
                 continue   # the stop goes out before any more output is printed
             self.relay.print_some(self.inbox, self.last_heard)
         self.relay.print_all(self.inbox, self.last_heard)
         for item in started:   # nothing from the runners after the summary buries it
             item.muted = True
-        code = self._exit_code(failure, lost, stop_reason["value"])
+        code = self._exit_code(failure or self.failing, lost, stop_reason["value"])
         closing = self.relay.summary(self.plan.log_dir)
         if closing:
             console.say(closing)
@@ -190,12 +191,18 @@ class Controller:
             self.hellos[node_rank] = {"hostname": message.get("hostname", host), "pid": message.get("pid")}
         elif kind == "output":   # the inbox sends output apart; this is one that came another way
             self.relay.show([message])
+        elif kind == "failing":   # the agent stops its node's other ranks, then sends this rank's exit
+            if failure is None and self.failing is None and not self.stopping:
+                self.failing = RankExit(message["rank"], message["local_rank"], message["returncode"], (), host)
         elif kind == "exit":
             done = RankExit(message["rank"], message["local_rank"], message["returncode"],
-                            tuple(message.get("tail", ())), host)
+                            tuple(message.get("tail", ())), host, stuck_pid=message.get("stuck_pid"))
             self.exits.append(done)
-            self.relay.exited(done, self.stopping)
-            if not done.ok and failure is None and not self.stopping:
+            the_failing = self.failing is not None and done.rank == self.failing.rank
+            self.relay.exited(done, self.stopping and not the_failing)
+            if done.stuck_pid is not None:
+                console.say(done.describe())
+            if not done.ok and failure is None and (not self.stopping or the_failing):
                 return done
         elif kind == "error":
             console.say(f"node {node_rank} ({host}): {message['message']}")

@@ -28,6 +28,7 @@ from launcher.wire import keepalive, shutdown_quietly
 OUTPUT_PREFIX = b'{"type":"output"'   # how wire.Channel encodes an agent's output message
 READ_BYTES = 1 << 18
 HELLO_TIMEOUT = 10.0
+STOP_JOIN_SECONDS = 10.0   # the loop ends within one turn of a stop; this only bounds a wedged one
 
 # admit(hello, nonce, source) -> why it is refused, or None
 Admit = Callable[[object, str, tuple], "str | None"]
@@ -117,7 +118,8 @@ class Inbox:
         listener.setblocking(False)
         self._selector.register(listener, selectors.EVENT_READ, "listener")
         self._selector.register(self._wake_read, selectors.EVENT_READ, "wake")
-        threading.Thread(target=self._loop, name="dslaunch-inbox", daemon=True).start()
+        self._thread = threading.Thread(target=self._loop, name="dslaunch-inbox", daemon=True)
+        self._thread.start()
 
     def want_write(self, connection: Connection) -> None:
         with self._wants_lock:
@@ -125,8 +127,13 @@ class Inbox:
         self._wake()
 
     def stop(self) -> None:
+        """End the loop and wait for it: once this returns, no thread of ours touches the listener
+        or an agent socket, so the caller may close the listener (a loop still in accept() on a
+        closed listener could pick up whatever socket next gets its file descriptor number)."""
         self._stopped = True
         self._wake()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=STOP_JOIN_SECONDS)
 
     def _wake(self) -> None:
         try:

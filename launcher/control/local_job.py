@@ -30,6 +30,8 @@ def run_local_try(plan: JobPlan, environ: dict[str, str], grace: float = 3.0) ->
             console.print_rank_line(event)
 
     def on_exit(done) -> None:
+        if done.stuck_pid is not None:
+            console.say(done.describe())
         tail = relay.tail_to_print(done.rank, done.returncode, done.tail)
         if tail:
             console.say(f"rank {done.rank} failed; its last {len(tail)} lines (held by --output failures):")

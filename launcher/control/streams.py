@@ -65,7 +65,7 @@ class OutputRelay:
     def add_held(self, count) -> None:
         """Lines an agent did not send (its "done" says how many) count as held too."""
         if type(count) is int and count > 0:
-            self.filter.held += count
+            self.filter.add_held(count)
 
     def summary(self, log_dir: str | None) -> str | None:
         return self.filter.summary(log_dir)

@@ -19,7 +19,7 @@ import time
 
 from launcher.handshake import proof, read_agent_key
 from launcher.node.ranks import rank_specs
-from launcher.output_modes import shows
+from launcher.output_modes import OutputFilter
 from launcher.node.supervisor import Supervisor
 from launcher.planning.render import ranks_from_json
 from launcher.wire import HEARTBEAT_SECONDS, Channel, free_port, keepalive
@@ -57,8 +57,8 @@ class Agent:
         self.heartbeat_timeout = 10.0
         self.pending_stop: tuple[str, int] | None = None
         self.listener = None  # node 0's rendezvous listener while the preflight runs
-        self.output = "all"   # --output: lines the console will not show are not sent, only counted
-        self.held = 0
+        # --output: lines the console will not show are not sent, only counted (by every rank's output threads)
+        self.filter = OutputFilter()
 
     def run(self) -> int:
         challenge = self.channel.recv()
@@ -72,7 +72,7 @@ class Agent:
             return 1
         job, node = plan["job"], plan["node"]
         self.heartbeat_timeout = float(job.get("heartbeat_timeout", 10.0))
-        self.output = str(job.get("output", "all"))
+        self.filter = OutputFilter(str(job.get("output", "all")))
         if not os.path.isdir(job["workdir"]):
             self.channel.send({"type": "error", "message": f"workdir {job['workdir']} does not exist on this node"})
             return 1
@@ -81,7 +81,7 @@ class Agent:
                            remap_devices=True, cores=cores)
         self.supervisor = Supervisor(specs, on_output=self._send_output, on_exit=self._send_exit,
                                      log_dir=job.get("log_dir"), grace=float(job.get("grace", 3.0)),
-                                     host=node["host"])
+                                     host=node["host"], on_failure=self._send_failing)
         threading.Thread(target=self._listen, daemon=True).start()
         threading.Thread(target=self._heartbeat, daemon=True).start()
         try:
@@ -92,7 +92,8 @@ class Agent:
         if self.pending_stop:
             self.supervisor.request_stop(*self.pending_stop)
         result = self.supervisor.run()
-        self.channel.send({"type": "done", "ok": result.ok, "stopped_by": result.stopped_by, "held": self.held})
+        self.channel.send({"type": "done", "ok": result.ok, "stopped_by": result.stopped_by,
+                           "held": self.filter.held})
         self.channel.close()
         return 0 if result.ok else 1
 
@@ -164,14 +165,22 @@ class Agent:
             time.sleep(HEARTBEAT_SECONDS)
 
     def _send_output(self, event) -> None:
-        if not shows(self.output, event.rank):
-            self.held += 1   # the rank's log file (--log_dir) has it
-            return
+        if not self.filter.shows(event.rank):
+            return   # counted as held; the rank's log file (--log_dir) has it
         self.channel.send({"type": "output", "rank": event.rank, "stream": event.stream, "line": event.line})
 
+    def _send_failing(self, event) -> None:
+        """A rank failed: dslaunch stops the other nodes now; its "exit", with its last lines, follows
+        once this node's other ranks are stopped and its output is drained."""
+        self.channel.send({"type": "failing", "rank": event.rank, "local_rank": event.local_rank,
+                           "returncode": event.returncode})
+
     def _send_exit(self, event) -> None:
-        self.channel.send({"type": "exit", "rank": event.rank, "local_rank": event.local_rank,
-                           "returncode": event.returncode, "tail": list(event.tail)})
+        message = {"type": "exit", "rank": event.rank, "local_rank": event.local_rank,
+                   "returncode": event.returncode, "tail": list(event.tail)}
+        if event.stuck_pid is not None:
+            message["stuck_pid"] = event.stuck_pid
+        self.channel.send(message)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,6 +47,7 @@ class RankExit:
     returncode: int
     tail: tuple[str, ...] = ()
     host: str = ""
+    stuck_pid: int | None = None   # it outlived SIGKILL (stuck in the kernel): left running as this pid
 
     @property
     def ok(self) -> bool:
@@ -59,6 +60,9 @@ class RankExit:
 
     def describe(self) -> str:
         where = f"rank {self.rank}" + (f" on {self.host}" if self.host else "")
+        if self.stuck_pid is not None:
+            return (f"{where} did not end after SIGKILL and was left running as pid {self.stuck_pid}: a process "
+                    f"that ignores SIGKILL is stuck in the kernel (often a hung file system or device)")
         if self.returncode < 0:
             number = -self.returncode
             try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -14,6 +15,9 @@ from typing import Callable
 from launcher.node.process import RankExit, RankOutput, RankProcess, RankSpec, spawn, stop_processes
 
 POLL_SECONDS = 0.02
+DRAIN_SECONDS = 1.0        # a failed or finished rank's output threads get this long to reach EOF
+STOPPED_DRAIN_SECONDS = 0.5  # one wait for every stopped rank's output (a pipe an escaped grandchild holds)
+KILL_WAIT_SECONDS = 5.0    # a rank that outlives SIGKILL this long is stuck in the kernel: reported, left
 
 
 @dataclass(frozen=True)
@@ -30,17 +34,26 @@ class NodeResult:
 
 
 class Supervisor:
-    """Starts `specs`, watches them, and tears all of them down on the first failure."""
+    """Starts `specs`, watches them, and tears all of them down on the first failure.
+
+    `on_failure` hears of the first failure the moment it is seen, before the other ranks are
+    stopped and before the failed rank's output is drained (its `on_exit`, with its last lines,
+    comes after both): the agent tells dslaunch at once, so the other nodes stop at once too.
+    `spawner` starts one rank (process.spawn; a test passes its own).
+    """
 
     def __init__(self, specs: list[RankSpec], on_output: Callable[[RankOutput], None],
                  on_exit: Callable[[RankExit], None] = lambda e: None, log_dir: str | None = None,
-                 grace: float = 3.0, host: str = ""):
+                 grace: float = 3.0, host: str = "", on_failure: Callable[[RankExit], None] = lambda e: None,
+                 spawner: Callable[..., RankProcess] = spawn):
         self.specs = specs
         self.on_output = on_output
         self.on_exit = on_exit
+        self.on_failure = on_failure
         self.log_dir = log_dir
         self.grace = grace
         self.host = host
+        self.spawner = spawner
         self.procs: list[RankProcess] = []
         self._logs = []
         self._stop_request: tuple[str, int] | None = None
@@ -57,30 +70,34 @@ class Supervisor:
             log = open(os.path.join(self.log_dir, f"rank_{spec.rank}.log"), "a", encoding="utf-8") \
                 if self.log_dir else None
             self._logs.append(log)
-            self.procs.append(spawn(spec, self.on_output, log))
+            self.procs.append(self.spawner(spec, self.on_output, log))
 
     def run(self) -> NodeResult:
-        """Block until every rank ended, a rank failed, or a stop was requested."""
+        """Block until every rank ended, a rank failed, or a stop was requested.
+
+        On a failure the other ranks are stopped first and the failed rank's output drained
+        after: a peer must not live on (the drain can take a second) to fail on the rendezvous
+        store the failed rank took with it and print an error of its own."""
         exits: dict[int, RankExit] = {}
         first_failure = None
         while len(exits) < len(self.procs):
-            for proc in self.procs:
-                if proc.spec.rank in exits:
-                    continue
-                code = proc.popen.poll()
-                if code is None:
-                    continue
-                _join_readers([proc], timeout=1.0)
+            ended = [(proc, code) for proc in self.procs
+                     if proc.spec.rank not in exits and (code := proc.popen.poll()) is not None]
+            failed = next(((proc, code) for proc, code in ended if code != 0), None)
+            if failed is not None:
+                self.on_failure(RankExit(failed[0].spec.rank, failed[0].spec.local_rank, failed[1], (), self.host))
+            request = self._stop_request   # read once: a signal handler may set it meanwhile
+            stop = signal.SIGTERM if failed is not None else request[1] if request is not None else None
+            stopped = [] if stop is None else self._stop_running(stop, exits.keys() | {p.spec.rank for p, _ in ended})
+            _join_readers([proc for proc, _ in ended], timeout=DRAIN_SECONDS)
+            for proc, code in ended:
                 done = RankExit(proc.spec.rank, proc.spec.local_rank, code, tuple(proc.tail), self.host)
-                exits[proc.spec.rank] = done
+                exits[done.rank] = done
                 self.on_exit(done)
                 if not done.ok and first_failure is None:
                     first_failure = done
-            if first_failure is not None:
-                self._teardown(signal.SIGTERM, exits)
-                break
-            if self._stop_request is not None:
-                self._teardown(self._stop_request[1], exits)
+            if stop is not None:
+                self._report_stopped(stopped, exits)
                 break
             time.sleep(POLL_SECONDS)
         self._close_logs()
@@ -88,28 +105,43 @@ class Supervisor:
         ordered = tuple(exits[p.spec.rank] for p in self.procs if p.spec.rank in exits)
         return NodeResult(exits=ordered, first_failure=first_failure, stopped_by=stopped_by)
 
-    def _teardown(self, signum: int, exits: dict[int, RankExit]) -> None:
-        """Stop the ranks still running; their exits are reported too (dslaunch tells a stopped
-        rank from a failed one by whether it had asked for the stop before)."""
-        running = [p for p in self.procs if p.spec.rank not in exits]
+    def _stop_running(self, signum: int, ended: set[int]) -> list[tuple[RankProcess, int, int | None]]:
+        """Stop every rank not in `ended`: (process, return code, pid if it outlived SIGKILL)."""
+        running = [p for p in self.procs if p.spec.rank not in ended]
         stop_processes([p.popen for p in running], first_signal=signum, grace=self.grace)
-        codes = {}
+        stopped = []
         for proc in running:
-            codes[proc.spec.rank] = proc.popen.poll()
-            if codes[proc.spec.rank] is None:
-                proc.popen.kill()
-                codes[proc.spec.rank] = proc.popen.wait()
+            code, stuck = proc.popen.poll(), None
+            if code is None:
+                code, stuck = _kill(proc.popen)
+            stopped.append((proc, code, stuck))
+        return stopped
+
+    def _report_stopped(self, stopped, exits: dict[int, RankExit]) -> None:
+        """The stopped ranks' exits (dslaunch tells a stopped rank from a failed one by whether it
+        had asked for the stop before), once their output is drained."""
         # one deadline for all: a pipe kept open by an escaped grandchild costs 0.5 s, not 0.5 s a rank
-        _join_readers(running, timeout=0.5)
-        for proc in running:
-            exits[proc.spec.rank] = RankExit(proc.spec.rank, proc.spec.local_rank, codes[proc.spec.rank],
-                                             tuple(proc.tail), self.host)
+        _join_readers([proc for proc, _, _ in stopped], timeout=STOPPED_DRAIN_SECONDS)
+        for proc, code, stuck in stopped:
+            exits[proc.spec.rank] = RankExit(proc.spec.rank, proc.spec.local_rank, code, tuple(proc.tail),
+                                             self.host, stuck_pid=stuck)
             self.on_exit(exits[proc.spec.rank])
 
     def _close_logs(self) -> None:
         for log in self._logs:
             if log is not None:
                 log.close()
+
+
+def _kill(popen) -> tuple[int, int | None]:
+    """SIGKILL a rank that is still there after the stop; (its return code, None), or
+    (-SIGKILL, its pid) when even SIGKILL does not end it within KILL_WAIT_SECONDS (a process in
+    uninterruptible sleep, e.g. on a hung file system): waiting longer would hang the whole job."""
+    popen.kill()
+    try:
+        return popen.wait(timeout=KILL_WAIT_SECONDS), None
+    except subprocess.TimeoutExpired:
+        return -signal.SIGKILL, popen.pid
 
 
 def _join_readers(procs: list[RankProcess], timeout: float) -> None:

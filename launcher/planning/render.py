@@ -22,7 +22,7 @@ def ranks_from_json(node: dict) -> tuple[RankPlan, ...]:
 
 
 def plan_to_json(plan: JobPlan, commands: list[list[str]]) -> dict:
-    """CONTRACT.md's dry-run document, plus a few extra keys (workdir, notes)."""
+    """The dry-run document of docs/reference/cli.md, plus a few extra keys (workdir, notes)."""
     return {
         "world_size": plan.world_size,
         "master_addr": plan.master_addr,

@@ -1,7 +1,7 @@
 """Preflight results as data: one Check per (host, check name), and their renderings.
 
 Pure: no I/O. `PreflightReport.to_json()` is the `--check --json` document of
-CONTRACT.md; `format_table()` is what a person reads.
+docs/reference/cli.md; `format_table()` is what a person reads.
 """
 from __future__ import annotations
 

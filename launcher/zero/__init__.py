@@ -24,6 +24,7 @@ import importlib
 from typing import Any
 
 from launcher.zero.errors import CheckpointError, ConfigError
+from launcher.zero.shim.paths import DEEPSPEED_VERSION as __version__  # the DeepSpeed release we match
 
 # name -> (module, attribute or None for the module itself)
 _LAZY = {
@@ -41,7 +42,12 @@ _LAZY = {
     "Init": ("launcher.zero.stages.stage3.init_context", "Init"),
     "GatheredParameters": ("launcher.zero.stages.stage3.init_context", "GatheredParameters"),
     "estimate_memory": ("launcher.zero.engine.estimate", "estimate_memory"),
-    # modules DeepSpeed scripts reach as deepspeed.<name> (see README, "Coming from DeepSpeed")
+    "get_accelerator": ("launcher.zero.distributed.accelerator", "get_accelerator"),
+    # DeepSpeed names not built here: they import, and raise NotSupportedError where used
+    **{name: ("launcher.zero.shim.stand_ins", name) for name in (
+        "DeepSpeedConfig", "DeepSpeedTransformerConfig", "DeepSpeedTransformerLayer", "replace_transformer_layer",
+        "init_inference", "tp_model_init")},
+        # modules DeepSpeed scripts reach as deepspeed.<name> (see docs/migrating/deepspeed.md)
     "comm": ("launcher.zero.comm", None),
     "zero": ("launcher.zero.zero", None),
     "accelerator": ("launcher.zero.accelerator", None),

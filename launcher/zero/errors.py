@@ -35,3 +35,30 @@ class NotSupportedError(DslaunchError, ImportError):
     ``try: import deepspeed.moe ... except ImportError`` fallback still works."""
 
     kind = "not supported"
+
+
+class _NotBuiltMeta(type):
+    """Reading a DeepSpeed class attribute of a stand-in (``X.register_with_transformers``) also says not supported."""
+
+    def __getattr__(cls, attribute: str):
+        if attribute.startswith("__"):
+            raise AttributeError(attribute)
+        raise cls._error()
+
+
+def not_built(name: str, feature: str, hint: str = "run this script with DeepSpeed itself") -> type:
+    """A stand-in for a DeepSpeed class or function this engine does not have.
+
+    Importing it works; calling it (building the class, calling the function) or reading one of
+    its attributes raises NotSupportedError naming ``feature``: a script fails where it uses the
+    feature, not where it imports it.
+    """
+    def _error(cls=None) -> NotSupportedError:
+        return NotSupportedError(f"{name}: {feature} is not supported by dslaunch's engine", hint=hint)
+
+    def __init__(self, *args, **kwargs):
+        raise _error()
+
+    short = name.rsplit(".", 1)[-1]
+    return _NotBuiltMeta(short, (), {"__init__": __init__, "_error": staticmethod(_error), "__qualname__": short,
+                                     "__doc__": f"Not built in dslaunch's engine: {feature}."})

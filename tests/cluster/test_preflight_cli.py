@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -17,15 +19,17 @@ def dslaunch(*args, timeout=60, cwd=REPO):
     return out, time.monotonic() - started
 
 
+@pytest.mark.timing
 def test_check_on_a_healthy_cluster_exits_0_in_a_few_seconds(cluster_hostfile):
     out, elapsed = dslaunch("--hostfile", cluster_hostfile(3), "--check", "--master_port", 29518)
     print(f"\ndslaunch --check, 3 healthy nodes: {elapsed:.2f} s")
     assert out.returncode == 0, out.stdout + out.stderr
     assert "preflight ok: 3 host(s) passed every check" in out.stdout
     assert "Traceback" not in out.stderr
-    assert elapsed < 8.0
+    assert elapsed < 20.0   # ~2-3 s on an idle box; a guard against a check that stalls, not a benchmark
 
 
+@pytest.mark.timing
 def test_check_with_two_broken_nodes_exits_3_naming_both(healthy_cluster, cluster_hostfile):
     hostfile = cluster_hostfile(3)
     with healthy_cluster.broken(2, "stop"), healthy_cluster.broken(3, "lock"):
@@ -37,7 +41,7 @@ def test_check_with_two_broken_nodes_exits_3_naming_both(healthy_cluster, cluste
     assert "node3 ssh: authentication failed for root@10.213.0.3:22" in out.stdout
     assert "hint: install your public key on node3: ssh-copy-id" in out.stdout
     assert "Traceback" not in out.stderr
-    assert elapsed < 15.0
+    assert elapsed < 30.0   # refused and auth failure answer at once: no timeout is waited out
 
 
 def test_check_json_is_the_contract_document(healthy_cluster, cluster_hostfile):

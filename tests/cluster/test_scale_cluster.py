@@ -17,19 +17,25 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CLUSTER = os.path.join(ROOT, "scripts", "local-cluster")
 NODES = 32
-STOP_BOUND_S = 2.0   # issue 15's target: first failure to every node stopped
+# issue 15's target, first failure to every node stopped, is 2 s (an idle box does it in under
+# one); as a test, a wide margin: a stop that waits out a timeout or goes node after node is slower
+STOP_BOUND_S = 10.0
 JOB = """import os, socket, sys, time
 rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 work, mode = sys.argv[1:3]
-with open(os.path.join(work, f"start.{rank}"), "w") as f:
-    f.write(str(os.getpid()))
+
+def publish(name, text):   # whole or not at all: a reader never sees an empty file
+    with open(os.path.join(work, "." + name), "w") as f:
+        f.write(text)
+    os.replace(os.path.join(work, "." + name), os.path.join(work, name))
+
+publish(f"start.{rank}", str(os.getpid()))
 print(f"rank {rank} of {world} on {socket.gethostname()}", flush=True)
 if mode == "fail":
     if rank == world - 1:   # fails once every rank runs, so the stop reaches running ranks everywhere
         while len([n for n in os.listdir(work) if n.startswith("start.")]) < world:
             time.sleep(0.02)
-        with open(os.path.join(work, "failed_at"), "w") as f:
-            f.write(repr(time.time()))
+        publish("failed_at", repr(time.time()))
         sys.exit(1)
     time.sleep(120)
 """
@@ -101,6 +107,7 @@ def test_every_rank_on_32_nodes_runs_once(hosts32, runner):
     assert {host for _, _, host in lines} == {f"node{k}" for k in range(1, NODES + 1)}
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("runner", ["ssh", "pdsh"])
 def test_one_failure_on_32_nodes_stops_every_rank_and_agent_quickly(hosts32, runner):
     dslaunch, run = start(hosts32, runner, "fail")
@@ -109,7 +116,6 @@ def test_one_failure_on_32_nodes_stops_every_rank_and_agent_quickly(hosts32, run
     while not (run / "failed_at").exists() and dslaunch.poll() is None and time.time() < deadline:
         time.sleep(0.01)
     assert (run / "failed_at").exists(), dslaunch.communicate(timeout=60)[1][-800:]
-    time.sleep(0.05)   # the file is written before its content
     failed = float((run / "failed_at").read_text())
     pids = rank_pids(run)
     while any(alive(p) for p in pids) and time.time() < failed + 60:
@@ -120,5 +126,9 @@ def test_one_failure_on_32_nodes_stops_every_rank_and_agent_quickly(hosts32, run
     assert len(pids) == NODES and [p for p in pids if alive(p)] == []
     assert took < STOP_BOUND_S, f"{took:.2f} s from the failure until every rank on every node was gone"
     assert "rank 31" in err   # the summary names the failed rank
-    time.sleep(0.5)
+    # each agent exits right after its "done"; dslaunch may return a moment before the last one
+    # has. 30 s is the limit for "never", not a speed bound
+    deadline = time.time() + 30
+    while agents_of(port) and time.time() < deadline:
+        time.sleep(0.05)
     assert agents_of(port) == [], "agents of the job still running after dslaunch exited"

@@ -36,11 +36,12 @@ def reference(steps):
     return losses, [p.detach().flatten().tolist() for p in model.parameters()]
 
 
-def global_batches(count):
-    """The samples of steps 1..count as the engine's loader orders them (one global order)."""
-    from launcher.zero.engine.data import GlobalBatchSampler
-    order = list(GlobalBatchSampler(96, 1, 0, 8, 1))
-    return [{"ids": sorted(order[8 * s:8 * s + 8])} for s in range(count)]
+def global_batches(count, train_batch_size=8):
+    """The samples of steps 1..count at any world size: consecutive train_batch_size runs of
+    DistributedSampler's order (seed 0), the order the engine's loader splits over the ranks."""
+    from torch.utils.data import DistributedSampler
+    order, size = list(DistributedSampler(range(96), num_replicas=1, rank=0)), train_batch_size
+    return [{"ids": sorted(order[size * s:size * s + size])} for s in range(count)]
 
 
 def close(a, b, tol=1e-5):

@@ -34,8 +34,8 @@ def test_each_mode_shows_its_ranks_and_counts_the_rest(tmp_path, mode, shown, he
     assert "rested" in (tmp_path / "rank_2.log").read_text()   # the full log has what the console did not
 
 
-def test_failures_mode_prints_the_last_lines_of_the_rank_that_failed():
-    done = dslaunch("--output", "failures", RANKS, "fail", "1", "3")
+def test_failures_mode_prints_the_last_lines_of_the_rank_that_failed(tmp_path):
+    done = dslaunch("--output", "failures", RANKS, "fail", "1", "3", str(tmp_path))   # once all 3 started
     assert done.returncode == 3
     assert ranks_seen(done.stdout) == [0]          # rank 0 live; ranks 1 and 2 held
     assert "dslaunch: rank 1 failed; its last 2 lines (held by --output failures):" in done.stderr

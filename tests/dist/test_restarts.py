@@ -75,7 +75,7 @@ def test_sigint_during_the_restarts_exits_130_with_nothing_left():
     proc.send_signal(signal.SIGINT)
     _out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, seen + err
-    time.sleep(0.5)
+    # gone the moment dslaunch returned: it reaps every rank it stopped before it exits
     alive = [p for p in children if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert alive == []
     assert "restart(s) used" in err

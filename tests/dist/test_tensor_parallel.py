@@ -10,6 +10,8 @@ the same global batch) for steps 3-4, at each stage; ``dslaunch-zero-to-fp32`` j
 """
 from pathlib import Path
 
+import torch
+
 from tests.helpers.world import check, run_world
 
 WORKER = Path(__file__).parent / "workers" / "tp_worker.py"
@@ -27,6 +29,9 @@ def test_tensor_2_x_data_2_matches_adamw_at_every_stage():
                 assert abs(norm - ref_norm) < 1e-5 and norm > 0.05, record   # 0.05: the clip
             # the shards: 16x8/2 embedding + (8x16+16)/2 fc + 16x8/2 proj + 8 proj bias + 8x16/2 head
             assert record["local_params"] == 64 + 72 + 64 + 8 + 64, record
+            # DeepSpeed's accessors under mpu=: the tensor size, the job's rank, the data size
+            assert record["mp_world_size"] == 2 and record["dp_world_size"] == 2, record
+            assert record["global_rank"] == record["rank"], record
 
 
 def test_checkpoint_on_tensor_2_x_data_2_resumes_on_tensor_2_x_data_1(tmp_path):
@@ -38,6 +43,14 @@ def test_checkpoint_on_tensor_2_x_data_2_resumes_on_tensor_2_x_data_1(tmp_path):
     assert names == ["metadata.json", "model_00-model_states.pt", "model_00-rank_0_shard.pt",
                      "model_00-rank_1_shard.pt", "model_01-metadata.json", "model_01-model_states.pt",
                      "model_01-rank_0_shard.pt", "model_01-rank_1_shard.pt"]   # one set per tensor rank
+    # save_16bit_model: DeepSpeed's file holds global rank 0's (tensor rank 0's) shards; tensor rank 1's beside it
+    for stage in range(4):
+        files = sorted(p.name for p in (tmp_path / "ckpt" / f"stage_{stage}" / "16bit").iterdir())
+        assert files == ["model.bin", "model_01-model.bin"], (stage, files)
+        shards = [torch.load(tmp_path / "ckpt" / f"stage_{stage}" / "16bit" / name) for name in files]
+        assert shards[0]["head.weight"].shape == shards[1]["head.weight"].shape == (8, 8)   # vocab 16 / 2
+        assert not torch.equal(shards[0]["head.weight"], shards[1]["head.weight"])
+    assert all(r["saved_16bit"] for r in saved), saved
     resumed = check(run_world(WORKER, 2, "0,1,2,3", "resume", folder, timeout=300))
     errors = []
     for result in resumed:

@@ -84,9 +84,9 @@ def test_model_built_under_init_never_holds_its_full_size():
         assert built["plain_peak"] > 0.9 * full, built
         # with Init: half the model (this rank's shards) plus a layer or two under construction;
         # RSS also carries allocator slack (seen up to ~4.3 layers in CI), so allow 6 layers: still
-        # far below the plain build (> 0.9 of the full model)
+        # below the plain build (> 0.9 of the full model). No second bound tuned to a figure CI once
+        # saw: the layers are the unit of what Init may hold, and the control shows the counter works
         assert built["init_peak"] < 0.5 * full + 6 * (WIDTH * WIDTH * 4), built
-        assert built["init_peak"] < 0.85 * full, built  # CI saw 0.764 under load
         assert trained["parity_error"] < 1e-5, trained
 
 

@@ -1,7 +1,9 @@
 """A rank program for launcher tests (no torch): behaviour chosen by argv.
 
   echo-args      print each argv item as JSON, then a few env vars as JSON
-  fail R CODE    rank R exits with CODE after 0.5 s; others sleep 60 s
+  fail R CODE [DIR]  rank R exits with CODE after 0.5 s; others sleep 60 s, then print 'slept 60 s
+                 unstopped'. With DIR (a folder every node sees) rank R fails only once every rank
+                 has printed its pid (each creates DIR/started.<rank> after), not by a clock
   sleep          every rank sleeps 60 s, printing its pid (SIGINT prints 'interrupted')
   kill9 R        rank R kills itself with SIGKILL
   nap S          every rank sleeps S seconds, then prints 'rested' and exits 0
@@ -28,11 +30,16 @@ if mode == "echo-args":
             "GLOO_SOCKET_IFNAME", "OMP_NUM_THREADS", "DSL_TEST_FORWARD", "NCCL_TEST_VALUE", "DSL_TEST_ENV"]
     print("ENV " + json.dumps({k: os.environ.get(k) for k in keys}), flush=True)
 elif mode == "fail":
+    if len(args) > 3:
+        open(os.path.join(args[3], f"started.{rank}"), "w").close()
     if rank == int(args[1]):
+        while len(args) > 3 and len(os.listdir(args[3])) < int(os.environ["WORLD_SIZE"]):
+            time.sleep(0.02)
         time.sleep(0.5)
         print("failing on purpose", file=sys.stderr, flush=True)
         sys.exit(int(args[2]))
     time.sleep(60)
+    print("slept 60 s unstopped", flush=True)   # a test of the stop fails on this line, not on a clock
 elif mode == "sleep":
     try:
         time.sleep(60)

@@ -78,8 +78,12 @@ def test_tiny_run_on_cpu_prints_one_json_line_per_variant():
     proc = subprocess.run([sys.executable, script, "--tiny", "--variants",
                            "plain,fsdp2,zero2,ds_zero2"], capture_output=True, text=True,
                           timeout=240, env=env)
-    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    peak = [r for r in lines if r["variant"] == "matmul_peak"]
+    assert len(peak) == 1 and peak[0]["tflops"] > 0, proc.stderr   # measured first, for the MFU
+    records = [r for r in lines if r["variant"] != "matmul_peak" and "loss_comparison" not in r]
     assert [r["variant"] for r in records] == ["plain", "fsdp2", "zero2", "ds_zero2"], proc.stderr
+    assert plain_has_mfu(records[0], peak[0])
     plain, fsdp2, zero2, deepspeed = records
     assert plain["status"] == "ok" and plain["ratio_vs_plain"] == 1.0
     assert plain["step_ms_min"] <= plain["step_ms_median"] and plain["tokens_per_s"] > 0
@@ -91,6 +95,10 @@ def test_tiny_run_on_cpu_prints_one_json_line_per_variant():
     assert zero2["status"] == "ok" or zero2["reason"]
     assert deepspeed["status"] == "unavailable" and "CUDA" in deepspeed["reason"]
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def plain_has_mfu(plain, peak):
+    return plain["mfu"] == pytest.approx(plain["tflops"] / peak["tflops"], rel=1e-2, abs=1e-6)
 
 
 def test_summarize_repeats_takes_medians_of_runs_and_ratios_to_plains_median():

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from scripts import bench_engine
+from scripts import bench_capacity, bench_engine
 from scripts.bench_variants import VARIANTS
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -38,6 +38,29 @@ def test_every_part_names_real_scripts_and_variants(tmp_path):
     assert traced and set(traced) <= set(VARIANTS)
     threads = [int(m) for c in commands for m in re.findall(r"DSLAUNCH_CPU_ADAM_THREADS=(\d+)", c)]
     assert len(threads) >= 3 and len(set(threads)) == len(threads)
+    for command in [c for c in commands if "scripts/bench_capacity.py" in c]:
+        args = bench_capacity.parse_args(command.split("scripts/bench_capacity.py", 1)[1].split())
+        assert set(args.variants.split(",")) <= set(bench_capacity.KNOWN), command
+
+
+def test_issue_32_parts_cover_its_items(tmp_path):
+    """compile variants with DeepSpeed's, offload with bytes/param and traces, the Llama beside
+    DeepSpeed with checkpointing, and the capacity of stage 3 with offload."""
+    commands = _commands(tmp_path)
+    variants = {v for c in commands if "--variants" in c for v in c.split("--variants ")[1].split()[0].split(",")}
+    assert {"plain_compile", "zero2_compile", "zero3_compile", "fsdp2_compile", "ds_zero3_compile"} <= variants
+    assert any("--model llama" in c and "--grad-ckpt" in c for c in commands)
+    assert any("--model llama" in c and "ds_zero3" in c and "zero3_offload_overlap" in c for c in commands)
+    assert any("--bytes" in c and "ds_zero3_offload_all" in c for c in commands)
+    assert any("zero3_offload_optimizer" in c for c in commands)
+
+
+def test_issue_31_moe_part_runs_ours_beside_deepspeeds_moe(tmp_path):
+    moe = [c for c in _commands(tmp_path) if "--model moe" in c]
+    assert moe, "no MoE part"
+    args = bench_engine.parse_args(moe[0].split("scripts/bench_engine.py", 1)[1].split())
+    assert (args.experts, args.top_k) == (8, 2)
+    assert {"plain", "zero2", "ds_zero2"} <= set(args.variants.split(","))
 
 
 @pytest.mark.parametrize("argv", [["bogus", "/tmp/x"], ["speed"]])

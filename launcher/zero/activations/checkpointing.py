@@ -50,7 +50,7 @@ def options_from_config(deepspeed_config) -> dict:
     """The `activation_checkpointing` section of a config (dict, path or parsed) as option fields."""
     from launcher.zero.config.load import load_config
 
-    section = load_config(deepspeed_config).activation_checkpointing
+    section = load_config(deepspeed_config, passed_to="checkpointing.configure").activation_checkpointing
     return {field: getattr(section, key) for key, field in _CONFIG_KEYS.items()}
 
 

@@ -7,6 +7,7 @@ only the shards that overlap its own fragments (its own shard when nothing chang
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -18,12 +19,14 @@ import torch.distributed as dist
 
 from launcher.zero.checkpoint import format as fmt
 from launcher.zero.errors import CheckpointError
+from launcher.zero.experts.wiring import every_expert_entry, global_expert_name
 
 SCALAR = "scalars"
 
 
 # ---- save ---------------------------------------------------------------------------------------
-def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None = None, save_latest: bool = True) -> bool:
+def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None = None, save_latest: bool = True,
+                    exclude_frozen_parameters: bool = False) -> bool:
     save_dir = os.fspath(save_dir)
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
     _check_tag(engine, tag)
@@ -34,20 +37,23 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None =
     if lead:
         shutil.rmtree(partial, ignore_errors=True)
         os.makedirs(partial)
-    _job_barrier(engine)
-    fragments = engine.strategy.fragments()
+    job_barrier(engine)
+    fragments = _global_names(engine, engine.strategy.fragments())
     torch.save(_shard(engine, fragments), os.path.join(partial, fmt.shard_name(rank, prefix)))
     listings = _all_gather_object(engine, [[f.name, f.param_start, f.numel] for f in fragments])
     module_state = engine.strategy.module_state_dict()  # collective at stage 3
+    if exclude_frozen_parameters:
+        frozen = {name for name, param in engine.module.named_parameters() if not param.requires_grad}
+        module_state = {key: value for key, value in module_state.items() if key not in frozen}
     if rank == 0:       # data rank 0 of each tensor rank
         torch.save(_model_states(engine, module_state, client_state or {}),
                    os.path.join(partial, prefix + fmt.MODEL_STATES))
         with open(os.path.join(partial, fmt.metadata_name(tensor.rank)), "w", encoding="utf-8") as handle:
             json.dump(_metadata(engine, listings), handle, indent=1)
-    _job_barrier(engine)
+    job_barrier(engine)
     if lead:
         _publish(save_dir, partial, tag, save_latest)
-    _job_barrier(engine)
+    job_barrier(engine)
     return True
 
 
@@ -79,7 +85,13 @@ def _model_states(engine, module_state, client_state) -> dict:
             "loss_scaler": engine.loss_scaler.state_dict() if engine.loss_scaler is not None else None,
             "global_steps": engine.global_steps, "global_samples": engine.global_samples,
             "skipped_steps": engine.skipped_steps, "micro_steps": engine.micro_steps,
-            "client_state": client_state, "ds_config": engine.config.raw}
+            "client_state": client_state, "ds_config": engine.config, "data_position": _data_position(engine)}
+
+
+def _data_position(engine):
+    """Where the engine's own loader stands in its pass (None without ``training_data``)."""
+    position = getattr(getattr(engine, "training_dataloader", None), "position", None)
+    return position() if position is not None else None
 
 
 def _metadata(engine, listings) -> dict:
@@ -90,12 +102,13 @@ def _metadata(engine, listings) -> dict:
             shared[name] = canonical[id(param)]
             continue
         canonical[id(param)] = name
-        if param.requires_grad:
-            params.append({"name": name, "shape": list(_full_shape(engine, name, param)), "numel": _numel(engine, name, param)})
+        if param.requires_grad:   # MoE: every global expert's entry (data rank 0 holds the first ones)
+            params += every_expert_entry({"name": name, "shape": list(_full_shape(engine, name, param)),
+                                          "numel": _numel(engine, name, param)}, getattr(engine, "experts", None))
         else:
             frozen.append(name)
     metadata = {"format": fmt.FORMAT_VERSION, "world_size": engine.dist_context.world_size,
-                "stage": engine.config.zero_stage,
+                "stage": engine.zero_config.zero_stage,
                 "param_dtype": str(engine.precision.param_dtype), "global_steps": engine.global_steps,
                 "params": params, "shared_params": shared, "frozen_params": frozen, "ranks": listings}
     tensor = engine.tensor_parallel
@@ -106,8 +119,8 @@ def _metadata(engine, listings) -> dict:
 
 
 def _full_shape(engine, name, param):
-    shapes = getattr(engine.strategy, "param_shapes", None)  # stage 3 knows the unpartitioned shape
-    return tuple(shapes[name]) if shapes and name in shapes else tuple(param.shape)
+    shapes = engine.strategy.full_shapes()   # stage 3 knows the unpartitioned shape
+    return tuple(shapes[name]) if name in shapes else tuple(param.shape)
 
 
 def _numel(engine, name, param) -> int:
@@ -150,7 +163,7 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
     states = fmt.load_file(os.path.join(path, prefix + fmt.MODEL_STATES))
     _check_params(engine, metadata, load_module_strict)
     engine.strategy.load_module_state_dict(states["module"], strict=load_module_strict)
-    fragments = engine.strategy.fragments()
+    fragments = _global_names(engine, engine.strategy.fragments())
     wanted: dict[str, list] = {}
     for f in fragments:
         wanted.setdefault(f.name, []).append((f.param_start, f.param_start + f.numel))
@@ -178,7 +191,7 @@ def _check_params(engine, metadata, strict: bool) -> None:
     current = {}
     for name, param in engine.module.named_parameters():
         if param.requires_grad:
-            current[name] = _full_shape(engine, name, param)
+            current[global_expert_name(name, getattr(engine, "experts", None))] = _full_shape(engine, name, param)
     missing = sorted(set(current) - set(saved))
     wrong = sorted(n for n in set(current) & set(saved) if current[n] != saved[n])
     if wrong:
@@ -238,9 +251,9 @@ def _restore_training_state(engine, path, states, metadata, shards, load_optimiz
         # another world size, the same train_batch_size: accumulation changed, so the micro-step count
         # restarts on this world's boundaries (checkpoints are taken on a boundary)
         engine.micro_steps = engine.global_steps * engine.gradient_accumulation_steps()
-    sampler = getattr(getattr(engine, "training_dataloader", None), "sampler", None)
-    if hasattr(sampler, "resume"):  # the engine's own loader continues at the next unseen sample
-        sampler.resume(engine.global_samples)
+    loader = getattr(engine, "training_dataloader", None)
+    if hasattr(loader, "resume") and states.get("data_position") is not None:
+        loader.resume(states["data_position"])  # the engine's own loader continues the checkpointed pass
     if metadata["world_size"] == engine.dist_context.world_size:  # RNG streams are per rank
         rank = engine.dist_context.rank
         own = shards.get(rank) or fmt.load_file(os.path.join(path, fmt.shard_name(rank, prefix)))
@@ -251,6 +264,15 @@ def _restore_training_state(engine, path, states, metadata, shards, load_optimiz
 
 
 # ---- helpers --------------------------------------------------------------------------------------
+def _global_names(engine, fragments) -> list:
+    """MoE: fragments of expert parameters named by global expert id (one name per expert whichever
+    rank holds it, so a checkpoint resumes at another world size and joins into one state dict)."""
+    experts = getattr(engine, "experts", None)
+    if not experts:
+        return fragments
+    return [dataclasses.replace(f, name=global_expert_name(f.name, experts)) for f in fragments]
+
+
 def _rng_state() -> dict:
     state = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -274,7 +296,7 @@ def _barrier(engine) -> None:
         dist.barrier(group=engine.dist_context.group)
 
 
-def _job_barrier(engine) -> None:
+def job_barrier(engine) -> None:
     """Every rank of the job: under tensor parallelism the engine's group is one tensor rank's data ranks."""
     if engine.tensor_parallel.size > 1:
         dist.barrier()
@@ -303,7 +325,7 @@ def _all_gather_object(engine, value) -> list:
 
 
 def _check_tag(engine, tag: str) -> None:
-    mode = engine.config.checkpoint.tag_validation.lower()
+    mode = engine.zero_config.checkpoint.tag_validation.lower()
     if mode == "ignore" or engine.dist_context.world_size == 1:
         return
     tags = _all_gather_object(engine, tag)

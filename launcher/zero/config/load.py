@@ -1,8 +1,9 @@
 """Load and validate the engine config (dict, JSON or YAML path) into frozen dataclasses.
 
 Torch-free, so that `dslaunch --dry-run --config` can run the same checks as the ranks.
-Rules (DeepSpeed 0.19.8, reference §1): the batch triplet, `"auto"` dropped to the default inside
-sections and derived for batch keys, unknown keys rejected with the close match suggested.
+Rules (DeepSpeed 0.19.8's runtime/config.py and its sections' config classes): the batch
+triplet, `"auto"` dropped to the default inside sections and derived for batch keys, unknown
+keys rejected with the close match suggested.
 """
 from __future__ import annotations
 
@@ -14,20 +15,21 @@ import os
 from typing import Any, Mapping
 
 from launcher.zero.config.schema import (
-    ACCEPTED_UNSUPPORTED, NamedConfig, ZeroConfig,
+    ACCEPTED_UNSUPPORTED, DEEPCOMPILE_DEFAULTS, NamedConfig, ZeroConfig,
 )
-from launcher.zero.errors import ConfigError
+from launcher.zero.errors import ConfigError, NotSupportedError
 
 __all__ = ["load_config", "resolve_batch", "ZeroConfig", "ConfigError"]
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
 
-def load_config(source: Any, world_size: int | None = None) -> ZeroConfig:
+def load_config(source: Any, world_size: int | None = None, passed_to: str = "initialize") -> ZeroConfig:
     """Parse and validate a config; with ``world_size`` also resolve and check the batch triplet.
 
     ``source``: a dict, a path (str or PathLike) to a JSON or YAML file, or a ZeroConfig.
-    Every error is a ConfigError whose message names the key.
+    Every error is a ConfigError whose message names where the config came from (the file, or
+    "config dict passed to <passed_to>") and the key.
     """
     if isinstance(source, ZeroConfig):
         config = source
@@ -36,12 +38,22 @@ def load_config(source: Any, world_size: int | None = None) -> ZeroConfig:
         try:
             config = build_config(raw)
         except ConfigError as error:
-            if isinstance(source, (str, os.PathLike)):   # name the file the key is in
-                raise ConfigError(f"{os.fspath(source)}: {error.message}", hint=error.hint) from None
-            raise
+            raise ConfigError(f"{describe_source(source, passed_to)}: {error.message}", hint=error.hint) from None
     if world_size is not None:
-        config = resolve_batch(config, world_size)
+        try:
+            config = resolve_batch(config, world_size)
+        except ConfigError as error:
+            raise ConfigError(f"{describe_source(source, passed_to)}: {error.message}", hint=error.hint) from None
     return config
+
+
+def describe_source(source: Any, passed_to: str = "initialize") -> str:
+    """Where a config came from, as an error message starts: the file's path, or which call got the dict."""
+    if isinstance(source, (str, os.PathLike)):
+        return os.fspath(source)
+    if isinstance(source, ZeroConfig):
+        return f"config passed to {passed_to}"
+    return f"config dict passed to {passed_to}"
 
 
 def _read_source(source: Any) -> dict:
@@ -80,7 +92,7 @@ def _parse_text(text: str, path: str) -> Any:
 # ---- the generic, metadata-driven builder -----------------------------------------------------
 def build_config(raw: dict) -> ZeroConfig:
     """Check every key of ``raw`` against ZeroConfig and build it (batch keys unresolved)."""
-    raw = dict(raw)
+    given, raw = raw, dict(raw)
     zero = raw.get("zero_optimization")
     if isinstance(zero, bool):  # legacy: "zero_optimization": true means stage 1
         raw["zero_optimization"] = {"stage": 1 if zero else 0}
@@ -89,7 +101,7 @@ def build_config(raw: dict) -> ZeroConfig:
         raw["zero_optimization"] = {**zero, "offload_optimizer": {"device": "cpu"}}
     unsupported = {key: raw.pop(key) for key in list(raw) if key in ACCEPTED_UNSUPPORTED}
     values = _build_section(ZeroConfig, raw, "")
-    config = ZeroConfig(**values, unsupported=unsupported, raw=_jsonable(raw))
+    config = ZeroConfig(**values, unsupported=unsupported, raw=_jsonable(given))
     _check_semantics(config)
     return config
 
@@ -136,6 +148,8 @@ def _convert(value: Any, meta: Mapping, key: str) -> Any:
             raise ConfigError(f"{key}: expected true or false, got {_show(value)}", hint=f'"{key.split(".")[-1]}": true')
         return value
     if kind in ("int", "float"):
+        if "infinite" in meta and isinstance(value, float) and value == math.inf:
+            return meta["infinite"]   # what DeepSpeed's arithmetic makes of it (steps_per_print: never)
         value = _number(value, kind, key)
         _check_range(value, meta, key)
     elif kind == "str":
@@ -242,10 +256,24 @@ def _check_semantics(config: ZeroConfig) -> None:
         if config.optimizer.type.lower() == "lamb" and config.fp16.enabled and not config.fp16.dynamic:
             raise ConfigError("optimizer Lamb needs dynamic loss scaling (fp16.loss_scale is static)",
                               hint="set fp16.loss_scale to 0")
+    _check_compile(config)
     for key in BATCH_KEYS:
         value = getattr(config, key)
         if value is not None and value != "auto" and (not isinstance(value, int) or value < 1):
             raise ConfigError(f"{key}: must be a whole number >= 1, got {_show(value)}", hint=None)
+
+
+def _check_compile(config: ZeroConfig) -> None:
+    """DeepSpeed 0.19.8's DeepCompile keys load at their defaults; any other value names the key."""
+    for key, default in DEEPCOMPILE_DEFAULTS.items():
+        value = getattr(config.compile, key)
+        if value != default:
+            raise NotSupportedError(f"compile.{key} {_show(value)}: DeepSpeed's DeepCompile is not built in dslaunch's "
+                                    "engine", hint=f'remove compile.{key}; "compile": {{"enabled": true}} or '
+                                    "engine.compile() compiles with torch.compile")
+    if "backend" in config.compile.kwargs:
+        raise ConfigError("compile.kwargs.backend: the backend has its own key",
+                          hint='"compile": {"enabled": true, "backend": "inductor", "kwargs": {...}}')
 
 
 def resolve_batch(config: ZeroConfig, world_size: int) -> ZeroConfig:

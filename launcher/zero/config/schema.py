@@ -217,6 +217,50 @@ class CheckpointConfig:
     parallel_write: dict = spec(None, "dict", "accepted for compatibility", factory=dict)
 
 
+#: DeepSpeed 0.19.8's ``compile`` keys (DeepCompile's passes and options) with their defaults:
+#: accepted at these values, anything else is refused by name (DeepCompile is not built here).
+DEEPCOMPILE_DEFAULTS = {
+    "deepcompile": False, "autoep_non_moe": False, "free_activation": False,
+    "free_activation_threshold": 10 * 1024 * 1024, "offload_activation": False,
+    "offload_activation_pin_memory": True, "offload_opt_states": False, "double_buffer": True,
+    "symmetric_memory": False, "debug_log": False, "offload_parameters": False,
+    "sync_before_reduce": False, "sync_after_reduce": False, "sync_before_allgather": False,
+    "sync_after_allgather": False, "keep_int_input_tensors": True, "keep_all_input_tensors": False,
+    "passes": None,
+}
+
+
+@dataclass(frozen=True)
+class CompileConfig:
+    """`compile`: torch.compile of the module by the engine. ``enabled``/``backend``/``kwargs`` are
+    DeepSpeed's older section (0.19.8 compiles only when the script calls ``engine.compile()``,
+    which works here too); 0.19.8's DeepCompile keys load at their defaults only."""
+
+    enabled: bool = spec(False, "bool", "compile when zero.initialize returns, as engine.compile(backend, kwargs): "
+                         "the whole module at stages 0-2, each repeated block (an nn.ModuleList's layers) at stage 3")
+    backend: str = spec("inductor", "str", "the torch.compile backend (inductor; aot_eager or eager to check on CPU)")
+    kwargs: dict = spec(None, "dict", "torch.compile's keyword arguments (mode, fullgraph, dynamic, options)",
+                        factory=dict)
+    deepcompile: bool = spec(False, "bool", "DeepSpeed's DeepCompile (not built: must be false)")
+    autoep_non_moe: bool = spec(False, "bool", "DeepSpeed's AutoEP regional compile (not built: must be false)")
+    free_activation: bool = spec(False, "bool", "DeepCompile option (not built: must be false)")
+    free_activation_threshold: int = spec(10 * 1024 * 1024, "int", "DeepCompile option (not built: must stay at its default)", min=0)
+    offload_activation: bool = spec(False, "bool", "DeepCompile option (not built: must be false)")
+    offload_activation_pin_memory: bool = spec(True, "bool", "DeepCompile option (not built: must stay at its default)")
+    offload_opt_states: bool = spec(False, "bool", "DeepCompile option (not built: must be false)")
+    double_buffer: bool = spec(True, "bool", "DeepCompile option (not built: must stay at its default)")
+    symmetric_memory: bool = spec(False, "bool", "DeepCompile option (not built: must be false)")
+    debug_log: bool = spec(False, "bool", "DeepCompile option (not built: must be false)")
+    offload_parameters: bool = spec(False, "bool", "DeepCompile option (not built: must be false)")
+    sync_before_reduce: bool = spec(False, "bool", "DeepCompile option (not built: must be false)")
+    sync_after_reduce: bool = spec(False, "bool", "DeepCompile option (not built: must be false)")
+    sync_before_allgather: bool = spec(False, "bool", "DeepCompile option (not built: must be false)")
+    sync_after_allgather: bool = spec(False, "bool", "DeepCompile option (not built: must be false)")
+    keep_int_input_tensors: bool = spec(True, "bool", "DeepCompile option (not built: must stay at its default)")
+    keep_all_input_tensors: bool = spec(False, "bool", "DeepCompile option (not built: must be false)")
+    passes: Any = spec(None, "any", "DeepCompile passes z1, z3, autosp, autotp (not built: must be null)", nullable=True)
+
+
 @dataclass(frozen=True)
 class ZeroConfig:
     """The whole engine config. Batch keys stay None until resolved for a world size."""
@@ -225,7 +269,8 @@ class ZeroConfig:
     train_micro_batch_size_per_gpu: int | None = spec(None, "int", "batch per rank per micro-step", nullable=True, min=1, batch=True)
     gradient_accumulation_steps: int | None = spec(None, "int", "micro-steps per optimizer step", nullable=True, min=1, batch=True)
     gradient_clipping: float = spec(1.0, "float", "global L2-norm clip; 0 disables", min=0.0)
-    steps_per_print: int | None = spec(None, "int", "progress line every N optimizer steps", nullable=True, min=1)
+    steps_per_print: int | None = spec(None, "int", "progress line every N optimizer steps; Infinity (as accelerate sets it) never prints",
+                                       nullable=True, min=1, infinite=None)
     wall_clock_breakdown: bool = spec(False, "bool", "print forward/backward/step timings")
     memory_breakdown: bool = spec(False, "bool", "print memory_breakdown() with the progress line")
     dump_state: bool = spec(False, "bool", "accepted for compatibility")
@@ -254,6 +299,7 @@ class ZeroConfig:
     data_types: DataTypesConfig = spec(None, "section", "accumulation dtype", section=DataTypesConfig, factory=DataTypesConfig)
     checkpoint: CheckpointConfig = spec(None, "section", "checkpoint options", section=CheckpointConfig, factory=CheckpointConfig)
     sparse_attention: dict | None = spec(None, "dict", "read by launcher.zero.sparse_attention", nullable=True)
+    compile: CompileConfig = spec(None, "section", "torch.compile by the engine", section=CompileConfig, factory=CompileConfig)
     #: DeepSpeed top-level sections we accept unchanged but do not act on (name -> raw value).
     unsupported: dict = field(default_factory=dict, compare=False, metadata={"kind": "internal"})
     #: the config as given, for checkpoints (ds_config)
@@ -274,6 +320,6 @@ ACCEPTED_UNSUPPORTED = (
     "amp", "elasticity", "autotuning", "compression_training", "data_efficiency",
     "curriculum_learning", "pipeline", "progressive_layer_drop", "pld", "eigenvalue", "quantize_training",
     "aio", "nebula", "comms_logger", "timers", "weight_quantization", "hybrid_engine", "tensor_parallel",
-    "compile", "torch_autocast", "seq_parallel_communication_data_type", "sequence_parallel_size",
+    "torch_autocast", "seq_parallel_communication_data_type", "sequence_parallel_size",
     "use_data_before_expert_parallelism", "graph_harvesting", "monitor_config", "zero_legacy_stage1",
 )

@@ -1,7 +1,10 @@
 """The distributed context: the process group and this rank's place in it.
 
-``init_distributed`` is the one place that reads the launcher's environment (RANK, WORLD_SIZE,
-LOCAL_RANK, MASTER_ADDR, MASTER_PORT); everything below it receives a DistContext.
+``init_distributed`` turns the launcher's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+MASTER_PORT), which ``zero.initialize`` reads once and passes in, into a process group; the
+training step and the strategies below it receive a DistContext and read no environment. (Other
+readers: DeepSpeed's ``comm`` and ``accelerator`` helpers before a group exists, ``log``'s rank,
+and the ``DSLAUNCH_CPU_ADAM_THREADS`` / ``DS_ACCELERATOR`` knobs.)
 """
 from __future__ import annotations
 

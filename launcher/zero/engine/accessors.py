@@ -1,56 +1,29 @@
 """DeepSpeed's engine accessors: what a script reads off the engine besides forward/backward/step.
 
-A mixin of ZeroEngine (zero_engine.py), which provides ``config``, ``dist_context``, ``optimizer``,
-``lr_scheduler``, ``loss_scaler``, ``strategy`` and the step counters these read.
+A mixin of ZeroEngine (zero_engine.py): views of what it was built with (``config``,
+``dist_context``, ``optimizer``, ``loss_scaler``, ``precision``, ``strategy``,
+``tensor_parallel``); the step's own state (counters, boundary, norm) is answered by the engine.
 """
 from __future__ import annotations
 
 import torch
 
 
-class EngineAccessors:
-    """Read-only views of the engine's config and state, under DeepSpeed's method names."""
-
-    # ---- DeepSpeed's accessors ------------------------------------------------------------
-    @property
-    def device(self) -> torch.device:
-        return self.dist_context.device
-
-    @property
-    def global_rank(self) -> int:
-        return self.dist_context.rank
-
-    @property
-    def local_rank(self) -> int:
-        return self.dist_context.local_rank
-
-    @property
-    def world_size(self) -> int:
-        return self.dist_context.world_size
-
-    dp_world_size = world_size
+class ConfigAccessors:
+    """What both engines (this one and the pipeline's) answer from ``config``, ``optimizer`` and
+    ``loss_scaler`` alone, under DeepSpeed's method names."""
 
     def train_batch_size(self) -> int:
-        return self.config.train_batch_size
+        return self.zero_config.train_batch_size
 
     def train_micro_batch_size_per_gpu(self) -> int:
-        return self.config.train_micro_batch_size_per_gpu
+        return self.zero_config.train_micro_batch_size_per_gpu
 
     def gradient_accumulation_steps(self) -> int:
-        return self.config.gradient_accumulation_steps
+        return self.zero_config.gradient_accumulation_steps
 
     def zero_optimization_stage(self) -> int:
-        return self.config.zero_stage
-
-    def is_gradient_accumulation_boundary(self) -> bool:
-        if self._boundary_override is not None:
-            return self._boundary_override
-        if not self.config.managed_gradient_accumulation:
-            return True
-        return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
-
-    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
-        self._boundary_override = is_boundary
+        return self.zero_config.zero_stage
 
     def get_lr(self) -> list[float]:
         return [float(group["lr"]) for group in self.optimizer.param_groups]
@@ -64,29 +37,14 @@ class EngineAccessors:
 
     def loss_scale(self) -> float:
         """DeepSpeed's meaning: the configured fp16.loss_scale (0 for dynamic)."""
-        return self.config.fp16.loss_scale
-
-    def get_global_grad_norm(self) -> float | None:
-        norm = self._global_grad_norm
-        return norm.value() if hasattr(norm, "value") else norm   # a sync-free step keeps it on the device
-
-    def was_step_applied(self) -> bool:
-        return self._step_applied
-
-    def memory_breakdown(self) -> dict[str, int]:
-        """Bytes this rank holds for parameters, gradients, master weights and optimizer state."""
-        parts = dict(self.strategy.memory_breakdown())
-        parts["total"] = sum(parts.values())
-        return parts
+        return self.zero_config.fp16.loss_scale
 
     # ---- added for scripts written against DeepSpeed (issue 17) --------------------------
-    mp_world_size = 1                      # no model parallelism
-
     def fp16_enabled(self) -> bool:
-        return bool(self.config.fp16.enabled)
+        return bool(self.zero_config.fp16.enabled)
 
     def bfloat16_enabled(self) -> bool:
-        return bool(self.config.bf16.enabled)
+        return bool(self.zero_config.bf16.enabled)
 
     bf16_enabled = bfloat16_enabled
 
@@ -94,34 +52,83 @@ class EngineAccessors:
         return False                       # apex AMP is not supported; fp16/bf16 are
 
     def zero_optimization(self) -> bool:
-        return self.config.zero_stage > 0
+        return self.zero_config.zero_stage > 0
 
     def zero_offload_optimizer(self) -> bool:
-        return bool(self.config.zero_optimization.offload_optimizer_active)
+        return bool(self.zero_config.zero_optimization.offload_optimizer_active)
 
     def zero_offload_param(self) -> bool:
-        offload = self.config.zero_optimization.offload_param
+        offload = self.zero_config.zero_optimization.offload_param
         return bool(offload is not None and offload.active)
 
     zero_cpu_offload = zero_offload_optimizer
 
     def gradient_clipping(self) -> float:
-        return self.config.gradient_clipping
+        return self.zero_config.gradient_clipping
 
     def steps_per_print(self) -> int | None:
-        return self.config.steps_per_print
+        return self.zero_config.steps_per_print
 
     def wall_clock_breakdown(self) -> bool:
-        return self.config.wall_clock_breakdown
+        return self.zero_config.wall_clock_breakdown
 
     def dynamic_loss_scale(self) -> bool:
-        return self.fp16_enabled() and self.config.fp16.loss_scale == 0
+        return self.fp16_enabled() and self.zero_config.fp16.loss_scale == 0
 
     def optimizer_name(self) -> str | None:
-        return self.config.optimizer.type if self.config.optimizer is not None else None
+        return self.zero_config.optimizer.type if self.zero_config.optimizer is not None else None
 
     def scheduler_name(self) -> str | None:
-        return self.config.scheduler.type if self.config.scheduler is not None else None
+        return self.zero_config.scheduler.type if self.zero_config.scheduler is not None else None
+
+    # ---- what Hugging Face's integrations call (issue 30) ---------------------------------
+    def zero_gather_16bit_weights_on_model_save(self) -> bool:
+        """Whether saving a stage-3 model gathers its weights (``stage3_gather_16bit_weights_on_model_save``)."""
+        return bool(self.zero_config.zero_optimization.stage3_gather_16bit_weights_on_model_save)
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False) -> dict | None:
+        """The whole model's state dict in its training dtype, on the CPU on rank 0 and None elsewhere;
+        collective. DeepSpeed's name: accelerate's ``get_state_dict`` calls it at stage 3."""
+        from launcher.zero.checkpoint.tensors import clone_tensors_for_torch_save
+
+        state = self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
+        return clone_tensors_for_torch_save(state) if self.dist_context.rank == 0 else None
+
+
+class EngineAccessors(ConfigAccessors):
+    """The data-parallel engine's views of its ranks, strategy and precision, besides ConfigAccessors."""
+
+    # ---- DeepSpeed's accessors ------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return self.dist_context.device
+
+    @property
+    def global_rank(self) -> int:
+        """This process's rank in the whole job (``dist_context.rank`` is its data-parallel rank,
+        which differs under ``mpu=``)."""
+        return torch.distributed.get_rank() if torch.distributed.is_initialized() else self.dist_context.rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.dist_context.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.dist_context.world_size
+
+    dp_world_size = world_size
+
+    def memory_breakdown(self) -> dict[str, int]:
+        """Bytes this rank holds for parameters, gradients, master weights and optimizer state."""
+        parts = dict(self.strategy.memory_breakdown())
+        parts["total"] = sum(parts.values())
+        return parts
+
+    @property
+    def mp_world_size(self) -> int:
+        """The tensor-parallel size (``mpu.get_model_parallel_world_size()``); 1 without ``mpu=``."""
+        return self.tensor_parallel.size
 
     @property
     def communication_data_type(self) -> torch.dtype:

@@ -11,6 +11,12 @@ times `additional_buffer_factor` (1.5). Stages 0 and 1 are not covered by DeepSp
 functions; they use the same per-byte accounting (stage 0 keeps all of it on every
 device, stage 1 partitions only the 16 fp32 bytes).
 
+``engine="dslaunch"`` gives this engine's own figures where they differ: stage 3's optimizer
+offload keeps the gradients on the device until the CPU Adam takes them a chunk at a time
+(stages/grad_feed.py), so the host holds the fp32 master and Adam's two moments, 12 bytes a
+parameter instead of 16, and the device holds the gradient shard (2 bytes) beside the 16-bit
+one. ``offload_optimizer.overlap_step`` keeps host gradient buffers: DeepSpeed's figures apply.
+
 This module is pure arithmetic and imports torch only when handed a model.
 """
 
@@ -27,6 +33,8 @@ BYTES_PARAM_16BIT = 2
 BYTES_GRAD_16BIT = 2
 BYTES_FP32_STATE = 16   # fp32 grads 4 + fp32 master 4 + Adam exp_avg 4 + exp_avg_sq 4
 BYTES_FP32_LOAD = 4     # each process's fp32 copy of the model before it is partitioned
+BYTES_FED_HOST_STATE = 12   # stage 3 offload with fed gradients: fp32 master 4 + Adam moments 8
+ENGINES = ("deepspeed", "dslaunch")
 GIB = 2 ** 30
 
 
@@ -61,6 +69,7 @@ class MemoryReport:
     num_nodes: int
     additional_buffer_factor: float
     rows: tuple
+    engine: str = "deepspeed"   # whose figures: DeepSpeed's estimators or dslaunch's engine
 
     def row(self, stage: int, offload_optimizer: bool = False, offload_param: bool = False,
             zero_init: bool = True) -> Estimate:
@@ -94,21 +103,25 @@ def zero2_needs(total_params: int, num_gpus_per_node: int, num_nodes: int, cpu_o
 
 def zero3_needs(total_params: int, largest_layer_params: int, num_gpus_per_node: int, num_nodes: int,
                 cpu_offload: bool, cpu_offload_params: bool, zero_init: bool,
-                additional_buffer_factor: float = 1.5) -> tuple[int, int]:
+                additional_buffer_factor: float = 1.5, fed_grads: bool = False) -> tuple[int, int]:
     """(cpu_bytes_per_node, gpu_bytes_per_device) as DeepSpeed's ZeRO-3 estimator computes them.
 
     The largest layer is gathered whole in fp32-sized buffers (4 bytes per parameter).
+    ``fed_grads`` (this engine's optimizer offload): the host keeps 12 bytes of fp32 state per
+    parameter, not 16, and the device keeps the 16-bit gradient shard.
     """
     world_size = num_gpus_per_node * num_nodes
     per_node = 1 / num_nodes
     largest_layer = BYTES_FP32_LOAD * largest_layer_params
-    full = BYTES_PARAM_16BIT + BYTES_FP32_STATE   # DeepSpeed's 18: the 16-bit shard and its fp32 state
+    state = BYTES_FED_HOST_STATE if fed_grads and cpu_offload else BYTES_FP32_STATE
+    full = BYTES_PARAM_16BIT + state   # DeepSpeed's 18: the 16-bit shard and its fp32 state
+    grad_shard = int(BYTES_GRAD_16BIT * total_params / world_size) if fed_grads and cpu_offload else 0
     if cpu_offload and cpu_offload_params:
-        gpu = largest_layer
+        gpu = largest_layer + grad_shard
         resident = full * per_node
     elif cpu_offload:
-        gpu = largest_layer + int(BYTES_PARAM_16BIT * total_params / world_size)
-        resident = BYTES_FP32_STATE * per_node
+        gpu = largest_layer + int(BYTES_PARAM_16BIT * total_params / world_size) + grad_shard
+        resident = state * per_node
     else:
         gpu = largest_layer + int(full * total_params / world_size)
         load = largest_layer_params if zero_init else total_params
@@ -155,11 +168,14 @@ def _numel(p) -> int:
 
 def estimate_memory(model_or_num_params, num_gpus_per_node: int = 1, num_nodes: int = 1,
                     largest_layer_params: int | None = None,
-                    additional_buffer_factor: float = 1.5) -> MemoryReport:
+                    additional_buffer_factor: float = 1.5, engine: str = "deepspeed") -> MemoryReport:
     """Memory that model states need at every ZeRO stage, with and without CPU offload.
 
-    `model_or_num_params` is an nn.Module (counted, may be on the meta device) or a number.
+    `model_or_num_params` is an nn.Module (counted, may be on the meta device) or a number;
+    `engine` "deepspeed" (DeepSpeed's estimators) or "dslaunch" (this engine, see the module doc).
     """
+    if engine not in ENGINES:
+        raise UsageError(f"engine {engine!r} is not one of {', '.join(ENGINES)}")
     if isinstance(model_or_num_params, (int, float)):
         total = int(model_or_num_params)
         assumed = largest_layer_params is None
@@ -180,10 +196,10 @@ def estimate_memory(model_or_num_params, num_gpus_per_node: int = 1, num_nodes: 
     for offload, offload_param in ((False, False), (True, False), (True, True)):
         for zero_init in (True, False):
             cpu, gpu = zero3_needs(total, largest, num_gpus_per_node, num_nodes, offload, offload_param,
-                                   zero_init, additional_buffer_factor)
+                                   zero_init, additional_buffer_factor, fed_grads=engine == "dslaunch")
             rows.append(Estimate(3, offload, offload_param, zero_init, gpu, cpu))
     return MemoryReport(total, largest, assumed, num_gpus_per_node, num_nodes,
-                        additional_buffer_factor, tuple(rows))
+                        additional_buffer_factor, tuple(rows), engine)
 
 
 def _check_shape(total, largest, num_gpus_per_node, num_nodes, factor) -> None:
@@ -229,8 +245,10 @@ def out_of_memory_note(model, config, world_size: int, local_world_size: int, de
     import torch
 
     nodes = max(1, world_size // max(1, local_world_size))
-    report = estimate_memory(model, num_gpus_per_node=max(1, local_world_size), num_nodes=nodes)
     zero = config.zero_optimization
+    overlap = zero.offload_optimizer is not None and zero.offload_optimizer.overlap_step   # host gradient buffers
+    report = estimate_memory(model, num_gpus_per_node=max(1, local_world_size), num_nodes=nodes,
+                             engine="deepspeed" if overlap else "dslaunch")
     stage = int(config.zero_stage)
     offload_optimizer = bool(zero.offload_optimizer_active) and stage > 0
     offload_param = bool(zero.offload_param is not None and zero.offload_param.active) and stage == 3
@@ -251,7 +269,8 @@ def format_table(report: MemoryReport) -> str:
         largest += " (assumed; pass --largest_layer)"
     lines = ["Estimated memory for model states (params, gradients, optimizer states):",
              f"HW: {report.num_nodes} {nodes}, {report.num_gpus_per_node} {gpus} per node.",
-             f"SW: {report.total_params / 1e6:.1f}M total params, {largest}.",
+             f"SW: {report.total_params / 1e6:.1f}M total params, {largest}; "
+             f"{'dslaunch' if report.engine == 'dslaunch' else 'DeepSpeed'}'s figures.",
              "  per CPU node |  per GPU   | options (GiB = 2**30 bytes)"]
     for r in report.rows:
         lines.append(f" {r.cpu_bytes_per_node / GIB:9.2f}GiB | {r.gpu_bytes_per_device / GIB:7.2f}GiB | {r.options()}")
@@ -294,6 +313,9 @@ def parse_args(argv):
     p.add_argument("--num_nodes", "--num-nodes", type=int, default=1)
     p.add_argument("--buffer_factor", "--buffer-factor", type=float, default=1.5,
                    help="CPU-side safety factor (DeepSpeed's additional_buffer_factor)")
+    p.add_argument("--engine", choices=ENGINES, default="dslaunch",
+                   help="whose figures: dslaunch's engine (stage 3 offload: 12 host bytes a parameter) or "
+                        "DeepSpeed's estimators (16)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     return p.parse_args(argv)
 
@@ -334,7 +356,7 @@ def main(argv=None) -> int:
             if not math.isfinite(args.params):
                 raise UsageError(f"--params {args.params} is not a number")
             subject = args.params
-        report = estimate_memory(subject, args.num_gpus, args.num_nodes, largest, args.buffer_factor)
+        report = estimate_memory(subject, args.num_gpus, args.num_nodes, largest, args.buffer_factor, args.engine)
     except DslaunchError as err:
         print(f"dslaunch-estimate: {err.kind}: {err.message}", file=sys.stderr)
         if err.hint:

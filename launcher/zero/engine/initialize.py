@@ -16,6 +16,8 @@ from launcher.zero.config.load import load_config, no_effect_notes
 from launcher.zero.distributed.context import DistContext, context_from_group, init_distributed
 from launcher.zero.engine.zero_engine import EngineParts, TensorParallelInfo, ZeroEngine
 from launcher.zero.errors import ConfigError
+from launcher.zero.experts.param_groups import configure_moe_param_groups
+from launcher.zero.experts.wiring import check_param_groups, refuse_in_pipeline, set_up_experts
 from launcher.zero.engine.loss_scaler import LossScaler, rules_from_config
 from launcher.zero.engine.monitor import Monitor, ready_line
 from launcher.zero.engine.watch import StepWatch
@@ -44,6 +46,8 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     if _is_pipeline(model):
         from launcher.zero.pipeline.build import initialize_pipeline
 
+        refuse_in_pipeline(model)
+
         return initialize_pipeline(model, optimizer, lr_scheduler, source, training_data, collate_fn)
     dist_context = context_from_group(process_group) if process_group is not None else init_distributed(env=environ)
     if mpu is not None:
@@ -54,31 +58,34 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     model.to(device=dist_context.device, dtype=precision.param_dtype)
 
     tensor_info = _tensor_parallel_info(mpu, model) if mpu is not None else None   # before stage 3 partitions
+    experts = set_up_experts(model, dist_context, cfg, mpu)   # MoE: expert groups built and handed out
     params = list(model_parameters) if model_parameters is not None else list(model.parameters())
-    param_count = sum(p.numel() for p in model.parameters())   # before stage 3 partitions them
+    # full sizes: a model built under zero.Init is partitioned already (ds_numel), others are before stage 3 runs
+    param_count = sum(int(getattr(p, "ds_numel", p.numel())) for p in model.parameters())
+    if experts and optimizer is None:   # DeepSpeed splits the expert params into their own groups
+        params = configure_moe_param_groups(params)
     optimizer = _build_optimizer(optimizer, params, cfg, dist_context)
+    check_param_groups(experts, optimizer.param_groups)
     check_zero_support(optimizer, cfg.zero_stage, cfg.zero_allow_untested_optimizer)
     handles_comm = bool(getattr(optimizer, "handles_gradient_communication", False))
     if handles_comm and cfg.zero_stage != 0:
         raise ConfigError(f"optimizer {type(optimizer).__name__} does its own gradient communication and needs "
                           f"zero_optimization.stage 0 (got {cfg.zero_stage})", hint="set zero_optimization.stage to 0")
     context = StrategyContext(config=cfg, dist_context=dist_context, precision=precision,
-                              reduce_gradients=not handles_comm)
+                              reduce_gradients=not handles_comm, expert_data_contexts=experts.contexts)
     strategy = _strategy_class(cfg, mpu, model)(context)
     strategy.setup(model, optimizer)
     scheduler = _build_scheduler(lr_scheduler, optimizer, cfg)
     scaler = LossScaler(rules_from_config(cfg.fp16, cfg.zero_stage)) if cfg.fp16.enabled else None
-    monitor = Monitor(cfg, dist_context.rank)
-    for note in no_effect_notes(cfg):
-        monitor.log(note)
+    monitor = _monitor(cfg, dist_context.rank)
     dataloader = _dataloader(training_data, cfg, dist_context, collate_fn)
     engine = ZeroEngine(EngineParts(module=model, optimizer=optimizer, lr_scheduler=scheduler, config=cfg,
                                     dist_context=dist_context, precision=precision, strategy=strategy,
                                     loss_scaler=scaler, monitor=monitor, dataloader=dataloader,
+                                    tensor_parallel=tensor_info or TensorParallelInfo(),
                                     watch=StepWatch(cfg, dist_context, monitor, environ)))
-    if mpu is not None:
-        engine.tensor_parallel = tensor_info
-    _say_ready(engine, monitor, param_count)
+    engine.experts = experts
+    _ready_and_compiled(engine, monitor, param_count)
     return engine, optimizer, dataloader, scheduler
 
 
@@ -93,6 +100,14 @@ def _strategy_class(cfg, mpu, model) -> type:
     return strategy_cls
 
 
+def _monitor(cfg, rank: int) -> Monitor:
+    """The console and metric writers, having said which config settings load but change nothing."""
+    monitor = Monitor(cfg, rank)
+    for note in no_effect_notes(cfg):
+        monitor.log(note)
+    return monitor
+
+
 def _dataloader(training_data, cfg, dist_context: DistContext, collate_fn):
     if training_data is None:
         return None
@@ -103,13 +118,22 @@ def _dataloader(training_data, cfg, dist_context: DistContext, collate_fn):
 
 def _say_ready(engine: ZeroEngine, monitor: Monitor, param_count: int) -> None:
     """The first line, before the first step: stage, precision, world size and bytes per rank."""
-    cfg = engine.config
+    cfg = engine.zero_config
     precision = "fp16" if cfg.fp16.enabled else "bf16" if cfg.bf16.enabled else "fp32"
     monitor.log(ready_line(cfg.zero_stage, precision, engine.dist_context.world_size, param_count,
                            engine.memory_breakdown()))
     if precision != "fp32" and engine.dist_context.device.type == "cpu":
         monitor.log(f"{precision} on CPU: most CPUs have no fast {precision} matrix kernels, so steps can run several "
                     f"times slower than fp32; 16-bit precision pays off on a GPU")
+
+
+def _ready_and_compiled(engine: ZeroEngine, monitor: Monitor, param_count: int) -> None:
+    """The ready line, then the ``compile`` section: ``enabled`` compiles as
+    ``engine.compile(backend, kwargs)`` would."""
+    _say_ready(engine, monitor, param_count)
+    section = engine.zero_config.compile
+    if section.enabled:
+        engine.compile(section.backend, section.kwargs)
 
 
 def _rank_of(environ: dict[str, str]) -> int:

@@ -1,4 +1,5 @@
-"""fp16 loss scaling as a pure state machine, with DeepSpeed 0.19.8's ZeRO rules (reference §3.1).
+"""fp16 loss scaling as a pure state machine, with DeepSpeed 0.19.8's ZeRO rules
+(runtime/fp16/loss_scaler.py, ``DynamicLossScaler.update_scale``).
 
 ``update(state, rules, overflow)`` is the whole algorithm; the engine keeps one state per run
 and calls it once per optimizer step (accumulation boundary), overflowed or not.
@@ -88,7 +89,7 @@ class LossScaler:
 def rules_from_config(fp16, zero_stage: int = 1) -> ScalerRules:
     """ScalerRules from an FP16Config (a static loss_scale > 0 disables the dynamics).
 
-    Stage 0 follows DeepSpeed's non-ZeRO FP16_Optimizer (reference §3.2): no hysteresis (every
+    Stage 0 follows DeepSpeed's non-ZeRO FP16_Optimizer (runtime/fp16/fused_optimizer.py): no hysteresis (every
     overflow halves the scale) and no error at the minimum scale; stages 1-3 the ZeRO rules.
     """
     if not fp16.dynamic:

@@ -10,7 +10,7 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 @dataclass(frozen=True)
 class PrecisionPolicy:
-    """The dtypes of one run (reference §1.2-1.3)."""
+    """The dtypes of one run (DeepSpeed 0.19.8's fp16 / bf16 / data_types sections)."""
 
     param_dtype: torch.dtype        # model weights and activations
     grad_accum_dtype: torch.dtype   # where micro-step gradients add up
@@ -35,3 +35,10 @@ def precision_policy(config) -> PrecisionPolicy:
     accum = DTYPES[config.data_types.grad_accum_dtype] if config.data_types.grad_accum_dtype else param
     comm = DTYPES[config.communication_data_type] if config.communication_data_type else param
     return PrecisionPolicy(param_dtype=param, grad_accum_dtype=accum, comm_dtype=comm, master_dtype=master)
+
+
+def skips_non_finite(param_dtype: torch.dtype, config) -> bool:
+    """The one rule for skipping an optimizer step, in both engines: an inf/NaN gradient skips it,
+    except in bf16 without ``bf16.check_grad_overflow`` (DeepSpeed's default), where the step runs
+    and an infinite norm's clip factor zeroes the gradients."""
+    return param_dtype != torch.bfloat16 or bool(config.bf16.check_grad_overflow)

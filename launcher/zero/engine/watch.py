@@ -106,7 +106,7 @@ class StepWatch:
         skipped = engine.skipped_steps > self._skipped_seen
         self._skipped_seen = engine.skipped_steps
         if not skipped:
-            self._previous_loss = (engine._loss_sum, engine._loss_count, engine.global_steps)
+            self._previous_loss = (*engine.progress.pending_loss(), engine.global_steps)
             self._at_min_scale = 0
             return
         scaler = engine.loss_scaler
@@ -127,13 +127,19 @@ class StepWatch:
                 self.monitor.warn(text + '\nthe step was skipped (non_finite.action "skip"); later non-finite '
                                   'steps are counted in skipped= only')
 
-    def progress_fields(self, samples_per_second: float, train_batch_size: int) -> dict[str, str]:
+    @property
+    def diagnosed(self) -> bool:
+        """Whether the job's first non-finite step has been explained (progress.py then warns less)."""
+        return self._diagnosed
+
+    def progress_fields(self, samples_per_second: float) -> dict[str, str]:
         """Model TFLOP/s per rank and MFU for the progress line (empty until counted, or without a peak)."""
-        return throughput_fields(self.flops_per_step, samples_per_second / max(train_batch_size, 1), self.peak)
+        steps_per_second = samples_per_second / max(self.config.train_batch_size or 1, 1)
+        return throughput_fields(self.flops_per_step, steps_per_second, self.peak)
 
     def event_values(self, engine) -> dict[str, float]:
         """Grad norm, samples/s, tokens/s and skipped steps for the metric files and services."""
-        return self._clock.values(engine, engine._tokens_per_sample) if self.monitor.records else {}
+        return self._clock.values(engine, engine.progress.tokens_per_sample) if self.monitor.records else {}
 
     # ---- the diagnosis ------------------------------------------------------------------------
     def _diagnosis(self, engine, step: int) -> str:
@@ -150,7 +156,7 @@ class StepWatch:
             except Exception as failure:   # the diagnosis must never hide the step's own story
                 error = f"{type(failure).__name__}: {failure}"
         previous = self._previous_loss
-        mine = (finding, _mean(engine._loss_sum, engine._loss_count),
+        mine = (finding, _mean(*engine.progress.pending_loss()),
                 _mean(previous[0], previous[1]) if previous else None, previous[2] if previous else None)
         gathered = self._gather(mine)
         losses = [(rank, entry[1]) for rank, entry in enumerate(gathered) if entry[1] is not None]

@@ -1,16 +1,16 @@
-"""The engine: the training step in one place (forward, backward, step), DeepSpeed's API.
+"""The engine: DeepSpeed's API over one training step, read top to bottom in this file.
 
-Where tensors live and how they move between ranks is the strategy's job (strategy.py); the
-engine owns the counters, loss scaling, clipping, the overflow decision, the scheduler,
-progress output and checkpoints (ckpt.py).
+A script calls ``engine(batch)``, ``engine.backward(loss)`` and ``engine.step()`` on every
+micro-step. ``step()`` updates the model only on an accumulation boundary (accumulation.py);
+that update is ``_take_model_step``: gradients onto the masters, the global norm, skip or
+unscale-and-clip, the optimizer, the scheduler. Where tensors live and how they move between
+ranks is the strategy's job (stages/base.py declares every method the engine calls); what is
+printed and recorded is progress.py's; checkpoints are checkpoint/save_load.py's.
 """
 from __future__ import annotations
 
 import contextlib
-
-import math
 import os
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,13 +19,15 @@ import torch
 from launcher.zero.config.schema import ZeroConfig
 from launcher.zero.distributed.context import DistContext
 from launcher.zero.engine.accessors import EngineAccessors
-from launcher.zero.errors import ConfigError
+from launcher.zero.engine.accumulation import Accumulation
 from launcher.zero.engine.loss_scaler import LossScaler
-from launcher.zero.engine.monitor import Monitor, PhaseTimer, progress_line
+from launcher.zero.engine.monitor import Monitor
 from launcher.zero.engine.plain_backward import BackwardHooks
-from launcher.zero.engine.precision import PrecisionPolicy
+from launcher.zero.engine.precision import PrecisionPolicy, skips_non_finite
+from launcher.zero.engine.progress import Progress, StepFacts
 from launcher.zero.engine.watch import StepWatch
-from launcher.zero.stages.base import DeviceNorm, ZeroStrategy, clip_factor
+from launcher.zero.errors import ConfigError, NotSupportedError
+from launcher.zero.stages.base import DeviceNorm, ZeroStrategy, grad_factor
 
 
 @dataclass(frozen=True)
@@ -51,42 +53,51 @@ class EngineParts:
     loss_scaler: LossScaler | None
     monitor: Monitor
     dataloader: Any = None
+    #: under zero.initialize(mpu=...): checkpoint files carry the tensor rank, metadata the partition dims
+    tensor_parallel: TensorParallelInfo = TensorParallelInfo()
     watch: StepWatch | None = None      # FLOPs, MFU and the non-finite diagnosis (watch.py)
 
 
-class ZeroEngine(EngineAccessors):
-    """Wraps a module for ZeRO data-parallel training; call it, ``backward(loss)``, ``step()``."""
+class ZeroEngine(EngineAccessors, torch.nn.Module):
+    """Wraps a module for ZeRO data-parallel training; call it, ``backward(loss)``, ``step()``.
+
+    An ``nn.Module`` whose one child is ``module``, as DeepSpeed's engine is: integrations walk it
+    (accelerate's ``has_compiled_regions``, ``extract_model_from_parallel``). ``config`` is the
+    config dict as given (DeepSpeed's meaning: Hugging Face reads ``engine.config.get(...)``);
+    the checked, typed config is ``zero_config``.
+    """
 
     def __init__(self, parts: EngineParts):
+        torch.nn.Module.__init__(self)
         self.module = parts.module
         self.optimizer = parts.optimizer
         self.lr_scheduler = parts.lr_scheduler
-        self.config = parts.config
+        self.zero_config = parts.config
         self.dist_context = parts.dist_context
         self.precision = parts.precision
         self.strategy = parts.strategy
         self.loss_scaler = parts.loss_scaler
         self.monitor = parts.monitor
         self.training_dataloader = parts.dataloader
+        self.tensor_parallel = parts.tensor_parallel
         self.watch = parts.watch or StepWatch(parts.config, parts.dist_context, parts.monitor, {})
         self.global_steps = 0
         self.global_samples = 0
         self.skipped_steps = 0
-        self.micro_steps = 0
-        self._boundary_override: bool | None = None
+        self.accumulation = Accumulation(self.zero_config.gradient_accumulation_steps,
+                                         self.zero_config.managed_gradient_accumulation)
         self._step_applied = False
-        self._global_grad_norm: float | None = None
-        self._loss_sum: torch.Tensor | None = None
-        self._loss_count = 0
-        self._last_report = (time.perf_counter(), 0)
-        self._started = time.perf_counter()
-        # the progress line's "step=N/total" and ETA: a schedule's length, else what the script sets
-        self.total_steps: int | None = getattr(self.lr_scheduler, "total_num_steps", None)
-        self._tokens_per_sample: int | None = None
+        self._global_grad_norm: float | DeviceNorm | None = None
         sync = torch.cuda.synchronize if self.dist_context.device.type == "cuda" else None
-        self.timers = PhaseTimer(self.config.wall_clock_breakdown, sync)
+        self.progress = Progress(self.zero_config, self.monitor, getattr(self.lr_scheduler, "total_num_steps", None), sync,
+                                 self.watch)
         self._backward_hooks = BackwardHooks(self.strategy.stage, self._loss_factor,
                                              self._backward_prologue, self.strategy.post_backward)
+
+    @property
+    def config(self) -> dict:
+        """The config as a dict, DeepSpeed's ``engine.config`` (``"auto"`` values as given)."""
+        return self.zero_config.raw
 
     # ---- module pass-throughs -------------------------------------------------------------
     def train(self, mode: bool = True):
@@ -114,7 +125,7 @@ class ZeroEngine(EngineAccessors):
         ``engine.module``'s parameters directly after ``step()``. A no-op otherwise."""
         self.strategy.wait_for_step()
 
-    # ---- the step -------------------------------------------------------------------------
+    # ---- the micro-step: forward, backward, step --------------------------------------------
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
 
@@ -123,18 +134,17 @@ class ZeroEngine(EngineAccessors):
             return self._forward(*args, **kwargs)
 
     def _forward(self, *args, **kwargs):
-        self.timers.start("forward")
-        if self.config.fp16.enabled and self.config.fp16.auto_cast:
+        self.progress.timers.start("forward")
+        if self.zero_config.fp16.enabled and self.zero_config.fp16.auto_cast:
             args, kwargs = _cast_floats(args, torch.float16), _cast_floats(kwargs, torch.float16)
-        self.strategy.pre_forward()
-        if args and torch.is_tensor(args[0]) and args[0].dim() >= 2 and not args[0].is_floating_point():
-            self._tokens_per_sample = int(args[0].shape[1])   # token ids (batch, sequence): for tokens/s
+        self.strategy.pre_forward()          # stage 3 gathers parameters
+        self.progress.saw_input(args)
         self.watch.forward_begins(self, args, kwargs)
         output = self.module(*args, **kwargs)
         self.watch.forward_done()
         self.strategy.post_forward()
-        self._backward_hooks.mark(output)
-        self.timers.stop("forward")
+        self._backward_hooks.mark(output)    # a plain loss.backward() is then routed through the engine
+        self.progress.timers.stop("forward")
         return output
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
@@ -143,10 +153,8 @@ class ZeroEngine(EngineAccessors):
             return self._backward(loss, retain_graph, scale_wrt_gas)
 
     def _backward(self, loss: torch.Tensor, retain_graph: bool, scale_wrt_gas: bool) -> torch.Tensor:
-        self.timers.start("backward")
-        detached = loss.detach().float()
-        self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
-        self._loss_count += 1
+        self.progress.timers.start("backward")
+        self.progress.add_loss(loss)
         if scale_wrt_gas and self.gradient_accumulation_steps() > 1:
             loss = loss / self.gradient_accumulation_steps()
         scaled = loss * self.loss_scaler.scale if self.loss_scaler is not None else loss
@@ -158,8 +166,8 @@ class ZeroEngine(EngineAccessors):
         finally:
             self._backward_hooks.inside_engine_backward = False
         self.watch.backward_done()
-        self.strategy.post_backward(boundary)
-        self.timers.stop("backward")
+        self.strategy.post_backward(boundary)   # the micro-step's gradient communication is done
+        self.progress.timers.stop("backward")
         return loss
 
     def _loss_factor(self) -> float:
@@ -174,90 +182,68 @@ class ZeroEngine(EngineAccessors):
         return boundary
 
     def step(self, lr_kwargs: dict | None = None) -> None:
-        """On an accumulation boundary: update (or skip on overflow), step the scheduler."""
+        """On an accumulation boundary: update (or skip on non-finite gradients), step the scheduler."""
         self._step_applied = False
         if self.is_gradient_accumulation_boundary():
-            self.timers.start("step")
+            self.progress.timers.start("step")
             self.watch.step_begins()
             with self._explain_out_of_memory(), self.watch.guard_step(self):
                 self._take_model_step(lr_kwargs)
-            self.watch.after_step(self)
-            self.timers.stop("step")
-            self._report()
-        self.micro_steps += 1
-        self._boundary_override = None
+            self.watch.after_step(self)          # FLOPs profile, non-finite diagnosis (watch.py)
+            self.progress.timers.stop("step")
+            self.progress.after_step(StepFacts(step=self.global_steps, samples=self.global_samples,
+                                               lrs=self.get_lr(), loss_scale=self.get_loss_scale(),
+                                               fp16=self.loss_scaler is not None, skipped=self.skipped_steps,
+                                               events=self.watch.event_values(self)),
+                                     self.memory_breakdown)
+        self.accumulation.advance()
 
-    @contextlib.contextmanager
-    def _explain_out_of_memory(self):
-        """Re-raise an out-of-memory error with the memory estimate and a config that fits."""
-        try:
-            yield
-        except OUT_OF_MEMORY as error:
-            from launcher.zero.engine.estimate import out_of_memory_note
-            try:
-                note = out_of_memory_note(self.module, self.config, self.dist_context.world_size,
-                                          self.dist_context.local_world_size, self.dist_context.device)
-            except Exception as failure:  # the note must never hide the real error
-                note = f"(no memory estimate: {failure})"
-            raise type(error)(f"{error}\n[zero] {note}") from error
-
+    # ---- the optimizer step, at an accumulation boundary ------------------------------------
     def _take_model_step(self, lr_kwargs: dict | None) -> None:
-        self.strategy.wait_for_step()   # the previous step's background update (overlap_step)
-        self.strategy.prepare_master_grads()
-        total = self.strategy.grad_square_sum() if self._norm_may_stay_on_device() else None
-        if total is not None:
-            self._step_without_sync(total, lr_kwargs)
-            return
-        stats = self.strategy.grad_norm_and_overflow()
+        strategy = self.strategy
+        strategy.wait_for_step()             # the previous step's background update (overlap_step)
+        strategy.prepare_master_grads()      # masters get fp32 grads, averaged over ranks, times the loss scale
         scale = self.get_loss_scale()
-        in_background = False   # overlap_step: the strategy runs the update (and its zero_grad) itself
-        if stats.overflow and (self.precision.param_dtype != torch.bfloat16 or self.config.bf16.check_grad_overflow):
+        norm = self._global_norm(scale)      # unscaled; inf when any gradient is; maybe still on the device
+        if self._skips_non_finite and norm == float("inf"):
             self._skip_step(scale)
+            strategy.zero_grad()
         else:
-            norm = stats.norm / scale
-            clip = self.config.gradient_clipping
             # DeepSpeed fuses unscaling and clipping: grads /= scale * max(1, (norm + 1e-6) / clip)
-            combined = scale * max(1.0, (norm + 1e-6) / clip) if clip > 0 else scale
-            self.strategy.scale_master_grads(1.0 / combined)
-            in_background = self.strategy.step_in_background(self.optimizer)
-            if not in_background:
+            strategy.scale_master_grads(grad_factor(norm, scale, self.zero_config.gradient_clipping))
+            if not strategy.step_in_background(self.optimizer):   # overlap_step runs these three itself
                 self.optimizer.step()
-                self.strategy.after_optimizer_step()
-            self._after_update(norm, lr_kwargs)
-        if not in_background:
-            self.strategy.zero_grad()
-        self._count_step()
-
-    def _norm_may_stay_on_device(self) -> bool:
-        """Whether this step needs no host sync: bf16 without ``check_grad_overflow`` (a non-finite
-        norm never skips the step) and no loss scaler, and an optimizer that takes its gradients
-        on the device (an offloaded CPU Adam needs the factor as a number)."""
-        return (self.loss_scaler is None and self.precision.param_dtype == torch.bfloat16
-                and not self.config.bf16.check_grad_overflow and self.strategy.masters_on_device)
-
-    def _step_without_sync(self, total: torch.Tensor, lr_kwargs: dict | None) -> None:
-        """The step of ``_take_model_step`` with the clip factor kept on the device: the same
-        arithmetic (an infinite norm zeroes the gradients), and the norm read only when asked for."""
-        clip = self.config.gradient_clipping
-        if clip > 0:
-            self.strategy.scale_master_grads(clip_factor(total, 1.0, clip))
-        self.optimizer.step()
-        self.strategy.after_optimizer_step()
-        self._after_update(DeviceNorm(total), lr_kwargs)
-        self.strategy.zero_grad()
-        self._count_step()
-
-    def _after_update(self, norm, lr_kwargs: dict | None) -> None:
-        if self.loss_scaler is not None:
-            self.loss_scaler.update(False)
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step(**(lr_kwargs or {}))
-        self._global_grad_norm = norm
-        self._step_applied = True
-
-    def _count_step(self) -> None:
+                strategy.after_optimizer_step()   # masters -> model parameters (all-gathered when partitioned)
+                strategy.zero_grad()
+            if self.loss_scaler is not None:
+                self.loss_scaler.update(False)
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step(**(lr_kwargs or {}))
+            self._global_grad_norm = norm
+            self._step_applied = True
         self.global_steps += 1
         self.global_samples += self.train_batch_size()
+
+    @property
+    def _skips_non_finite(self) -> bool:
+        """Whether an inf/NaN gradient skips the step (precision.skips_non_finite, the one rule)."""
+        return skips_non_finite(self.precision.param_dtype, self.zero_config)
+
+    def _norm_may_stay_on_device(self) -> bool:
+        """Whether this step needs no host sync: nothing decides on the norm (no skip rule, no loss
+        scaler) and the optimizer takes its gradients on the device (an offloaded CPU Adam needs
+        the factor as a number)."""
+        return not self._skips_non_finite and self.strategy.masters_on_device
+
+    def _global_norm(self, scale: float) -> float | DeviceNorm:
+        """The global gradient norm, divided by the loss scale; inf when any gradient is not finite.
+        A DeviceNorm (no host sync) where nothing reads it before the optimizer steps."""
+        if self._norm_may_stay_on_device():
+            total = self.strategy.grad_square_sum()
+            if total is not None:            # None: a norm over two axes (tensor parallelism)
+                return DeviceNorm(total)
+        stats = self.strategy.grad_norm_and_overflow()
+        return float("inf") if stats.overflow else stats.norm / scale
 
     def _skip_step(self, scale: float) -> None:
         self.skipped_steps += 1
@@ -270,60 +256,82 @@ class ZeroEngine(EngineAccessors):
         else:
             self.monitor.log(f"non-finite gradients (inf/NaN) at step {self.global_steps + 1}: step skipped")
 
-    def _report(self) -> None:
-        every = self.config.steps_per_print
-        printing = bool(every) and self.global_steps % every == 0
-        loss = None
-        # the loss is read (a host sync) only for a step that prints or records it
-        if self._loss_sum is not None and (printing or self.monitor.records):
-            loss = float(self._loss_sum.item()) / max(1, self._loss_count)
-            if not math.isfinite(loss):
-                self.monitor.warn(f"loss is {loss} at step {self.global_steps}")
-        self._loss_sum, self._loss_count = None, 0
-        values = {"Train/Samples/lr": self.get_lr()[0]}
-        if loss is not None:
-            values["Train/Samples/train_loss"] = loss
-        if self.loss_scaler is not None:
-            values["Train/Samples/loss_scale"] = self.get_loss_scale()
-        values.update(self.watch.event_values(self))
-        self.monitor.events(self.global_samples, values)
-        if printing:
-            now, samples = time.perf_counter(), self.global_samples
-            then, before = self._last_report
-            rate = (samples - before) / max(now - then, 1e-9)
-            self._last_report = (now, samples)
-            lrs = ",".join(f"{lr:.4e}" for lr in dict.fromkeys(self.get_lr()))
-            values = {"loss": loss, "lr": lrs, "loss_scale": self.get_loss_scale(), "skipped": self.skipped_steps}
-            self.monitor.log(progress_line(self.global_steps, self.total_steps, values, rate,
-                                           self._tokens_per_sample, now - self._started,
-                                           self.watch.progress_fields(rate, self.train_batch_size())))
-            if self.config.wall_clock_breakdown:
-                self.monitor.log(f"time (ms) | {self.timers.report()}")
-            if self.config.memory_breakdown:
-                self.monitor.log("memory (MiB) | " + " | ".join(
-                    f"{k}: {v / 2**20:.2f}" for k, v in self.memory_breakdown().items()))
+    @contextlib.contextmanager
+    def _explain_out_of_memory(self):
+        """Re-raise an out-of-memory error with the memory estimate and a config that fits."""
+        try:
+            yield
+        except OUT_OF_MEMORY as error:
+            from launcher.zero.engine.estimate import out_of_memory_note
+            try:
+                note = out_of_memory_note(self.module, self.zero_config, self.dist_context.world_size,
+                                          self.dist_context.local_world_size, self.dist_context.device)
+            except Exception as failure:  # the note must never hide the real error
+                note = f"(no memory estimate: {failure})"
+            raise type(error)(f"{error}\n[zero] {note}") from error
+
+    # ---- the step's results and the accumulation boundary -----------------------------------
+    def get_global_grad_norm(self) -> float | None:
+        """The last applied step's norm (None after a skipped one); a sync-free step reads it now."""
+        norm = self._global_grad_norm
+        return norm.value() if isinstance(norm, DeviceNorm) else norm
+
+    def was_step_applied(self) -> bool:
+        return self._step_applied
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        return self.accumulation.is_boundary()
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        self.accumulation.set_boundary(is_boundary)
+
+    @property
+    def micro_steps(self) -> int:
+        return self.accumulation.micro_steps
+
+    @micro_steps.setter
+    def micro_steps(self, value: int) -> None:   # a checkpoint load restores it
+        self.accumulation.micro_steps = value
+
+    @property
+    def total_steps(self) -> int | None:
+        """The progress line's total (step=N/total, ETA): the schedule's length, else what a script sets."""
+        return self.progress.total_steps
+
+    @total_steps.setter
+    def total_steps(self, value: int | None) -> None:
+        self.progress.total_steps = value
+
+    @property
+    def timers(self):
+        """The phase timers behind ``wall_clock_breakdown``."""
+        return self.progress.timers
 
     # ---- checkpoints ------------------------------------------------------------------------
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
                         exclude_frozen_parameters: bool = False) -> bool:
-        """Collective: every rank writes its shard; returns once the checkpoint is complete."""
+        """Collective: every rank writes its shard; returns once the checkpoint is complete.
+        ``exclude_frozen_parameters``: the module state leaves out parameters without
+        ``requires_grad`` (load such a checkpoint with ``load_module_strict=False``)."""
         from launcher.zero.checkpoint.save_load import save_checkpoint
 
         self.wait_for_step()
-        return save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {}, save_latest=save_latest)
+        return save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {}, save_latest=save_latest,
+                               exclude_frozen_parameters=exclude_frozen_parameters)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True, load_optimizer_states: bool = True,
                         load_lr_scheduler_states: bool = True, load_module_only: bool = False, custom_load_fn=None):
         """Restore a checkpoint (any world size); returns (path, client_state) or (None, None)."""
         from launcher.zero.checkpoint.save_load import load_checkpoint
 
+        if custom_load_fn is not None:
+            raise NotSupportedError("load_checkpoint(custom_load_fn=...) is not supported by dslaunch's engine",
+                                    hint="leave custom_load_fn out: the engine reads its own checkpoint format "
+                                         "at any world size")
         self.wait_for_step()
         return load_checkpoint(self, load_dir, tag=tag, load_module_strict=load_module_strict,
                                load_optimizer_states=load_optimizer_states,
                                load_lr_scheduler_states=load_lr_scheduler_states, load_module_only=load_module_only)
-
-    #: set by zero.initialize(mpu=...): checkpoint files carry the tensor rank, metadata the partition dims
-    tensor_parallel = TensorParallelInfo()
 
     @property
     def tensor_parallel_size(self) -> int:
@@ -335,8 +343,7 @@ class ZeroEngine(EngineAccessors):
         self.wait_for_step()
         state = self.strategy.module_state_dict()
         if exclude_frozen_parameters:
-            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
-            state = {k: v for k, v in state.items() if k not in frozen}
+            state = without_frozen(state, self.module)
         return {prefix + k: v for k, v in state.items()}
 
     def zero_grad(self) -> None:
@@ -347,24 +354,23 @@ class ZeroEngine(EngineAccessors):
     def empty_partition_cache(self) -> None:
         """Stage 3: free the parameters still gathered (after an eval loop, say); no-op below."""
         self.wait_for_step()
-        release = getattr(self.strategy, "release_gathered", None)
-        if release is not None:
-            release()
+        self.strategy.release_gathered()
 
-    def deepspeed_io(self, dataset, batch_size=None, route=None, pin_memory=None, data_sampler=None,
+    def deepspeed_io(self, dataset, batch_size=None, route="train", pin_memory=None, data_sampler=None,
                      collate_fn=None, num_local_io_workers=None):
-        """A DataLoader over this rank's share of ``dataset`` in micro-batches (as training_data=)."""
-        from launcher.zero.engine.data import build_dataloader
+        """DeepSpeed's loader over ``dataset``: this rank's ``DistributedSampler`` share in micro-batches.
+        ``pin_memory`` (default: on a GPU) and ``num_local_io_workers`` (worker processes, default none)
+        go to the DataLoader; routes "eval" and "predict" do not shuffle."""
+        from launcher.zero.engine.data import ROUTES, build_dataloader
 
-        if data_sampler is not None or (batch_size not in (None, self.train_micro_batch_size_per_gpu())):
-            raise ConfigError("deepspeed_io: a custom data_sampler or batch_size is not supported",
-                              hint="build your own torch DataLoader, or leave both out")
-        return build_dataloader(dataset, self.config, self.dist_context, collate_fn)
+        if route not in ROUTES:
+            raise ConfigError(f"deepspeed_io: route {route!r} is not one of {ROUTES}", hint='route="train"')
+        return build_dataloader(dataset, self.zero_config, self.dist_context, collate_fn, batch_size=batch_size,
+                                data_sampler=data_sampler, route=route, num_workers=num_local_io_workers,
+                                pin_memory=pin_memory)
 
     def no_sync(self):
         """Not supported: let the engine accumulate (``gradient_accumulation_steps``) instead."""
-        from launcher.zero.errors import NotSupportedError
-
         raise NotSupportedError("engine.no_sync() is not supported by dslaunch's engine",
                                 hint="set gradient_accumulation_steps in the config and call engine.step() "
                                      "every micro-step; the engine reduces gradients only where it must")
@@ -372,31 +378,61 @@ class ZeroEngine(EngineAccessors):
     def destroy(self) -> None:
         """Remove the engine's hooks from the module; the engine must not be used afterwards."""
         self.wait_for_step()
+        if self._compiled is not None:
+            self._compiled.undo()
         self.strategy.destroy()
 
+    _compiled = None   # what engine.compile() compiled (engine/compiling.py)
+
+    def compile(self, backend: str = "inductor", compile_kwargs: dict | None = None, schedule=None,
+                compiled_autograd_enabled: bool = False) -> None:
+        """torch.compile the module: whole at stages 0-2, per repeated block at stage 3; once."""
+        from launcher.zero.engine.compiling import compile_engine
+
+        if self._compiled is None:
+            self._compiled = compile_engine(self, backend, compile_kwargs, schedule, compiled_autograd_enabled)
+
+    @property
+    def is_compiled(self) -> bool:
+        return self._compiled is not None
+
     def save_16bit_model(self, save_dir, save_filename: str = "pytorch_model.bin", exclude_frozen_parameters: bool = False) -> bool:
-        """The module's state dict in its training dtype, written by rank 0."""
+        """The module's state dict in its training dtype; collective. ``save_filename`` holds what
+        global rank 0 holds, as DeepSpeed writes it; under ``mpu=`` that is tensor rank 0's shards,
+        and tensor rank t > 0 writes its own beside it as ``model_<t>-<save_filename>`` (the
+        checkpoints' prefix), so no shard is lost."""
+        from launcher.zero.checkpoint.format import tensor_prefix
+        from launcher.zero.checkpoint.save_load import job_barrier
+
         self.wait_for_step()
-        gather = getattr(self.strategy, "gathered_16bit_state_dict", None)
-        state = gather() if gather is not None else self.strategy.module_state_dict()
+        state = self.strategy.gathered_16bit_state_dict()
         if state is None:  # stage 3 without stage3_gather_16bit_weights_on_model_save, as DeepSpeed
-            if self.dist_context.rank == 0:
+            if self.global_rank == 0:
                 print("[zero] save_16bit_model: nothing saved; set zero_optimization."
                       "stage3_gather_16bit_weights_on_model_save to true", flush=True)
             return False
-        if self.dist_context.rank == 0:   # written aside and renamed: nobody ever reads half a file
+        if exclude_frozen_parameters:
+            state = without_frozen(state, self.module)
+        tensor = self.tensor_parallel
+        if self.dist_context.rank == 0:   # data rank 0 of each tensor rank; written aside and renamed
             os.makedirs(save_dir, exist_ok=True)
-            path = os.path.join(save_dir, save_filename)
+            name = save_filename if tensor.rank == 0 else tensor_prefix(tensor.rank, tensor.size) + save_filename
+            path = os.path.join(save_dir, name)
             torch.save(state, path + ".partial")
             os.replace(path + ".partial", path)
-        if self.dist_context.world_size > 1:   # every rank returns once the file is there to read
-            torch.distributed.barrier(group=self.dist_context.group)
+        job_barrier(self)   # every rank returns once every file is there to read
         return True
 
     save_fp16_model = save_16bit_model   # DeepSpeed's older name
 
 
 OUT_OF_MEMORY = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)
+
+
+def without_frozen(state: dict, module: torch.nn.Module) -> dict:
+    """``state`` without the parameters that do not train (``requires_grad`` False)."""
+    frozen = {name for name, param in module.named_parameters() if not param.requires_grad}
+    return {key: value for key, value in state.items() if key not in frozen}
 
 
 def _cast_floats(value, dtype):

@@ -6,6 +6,7 @@ collective work on contiguous slices without copies (partitions, buckets, all-ga
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
@@ -21,6 +22,7 @@ class ParamGroup:
     names: list[str]
     params: list[torch.nn.Parameter]
     layout: FlatLayout
+    dist_context: Any = None   # the ranks it is reduced and partitioned over (MoE: expert-data ranks)
 
 
 def trainable_groups(optimizer: torch.optim.Optimizer, names: dict[int, str]) -> list[tuple[int, list]]:
@@ -40,13 +42,17 @@ def trainable_groups(optimizer: torch.optim.Optimizer, names: dict[int, str]) ->
     return groups
 
 
-def collect_groups(module: torch.nn.Module, optimizer: torch.optim.Optimizer, world_size: int) -> list[ParamGroup]:
-    """Match the optimizer's param groups to the module's named, trainable parameters."""
+def collect_groups(module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                   world_size: int | Callable[[int], int]) -> list[ParamGroup]:
+    """Match the optimizer's param groups to the module's named, trainable parameters.
+
+    ``world_size``: the partitions of every group, or of group ``index`` as ``world_size(index)``."""
     names = {id(param): name for name, param in module.named_parameters()}
     groups = []
     for index, params in trainable_groups(optimizer, names):
         group_names = [names[id(p)] for p in params]
-        layout = flat_layout(group_names, [tuple(p.shape) for p in params], world_size)
+        partitions = world_size(index) if callable(world_size) else world_size
+        layout = flat_layout(group_names, [tuple(p.shape) for p in params], partitions)
         groups.append(ParamGroup(index=index, names=group_names, params=params, layout=layout))
     return groups
 

@@ -1,14 +1,20 @@
-"""``deepspeed.moe``: Mixture of Experts is not built yet.
+"""``deepspeed.moe``: Mixture of Experts (``layer.MoE``, ``utils.*``, ``sharded_moe``, ``experts``).
 
-The package and its modules import (DeepSpeed's tutorials import ``deepspeed.moe.utils`` even when
-they train without experts); building a layer or calling a helper raises ``NotSupportedError``.
+The layer and its helpers live in ``launcher.zero.experts``; these modules re-export them under
+DeepSpeed's paths. ``zero.initialize`` builds the expert groups and hands them to the layers.
+Importing this package is torch-free until a name is used.
 """
-from launcher.zero.errors import NotSupportedError
+from __future__ import annotations
 
-FEATURE = "deepspeed.moe (Mixture of Experts)"
-HINT = "run this script with DeepSpeed itself, or build the experts as plain modules (no expert parallelism)"
+import importlib
+from typing import Any
+
+_MODULES = ("layer", "utils", "sharded_moe", "experts")
+
+__all__ = list(_MODULES)
 
 
-def not_built(name: str) -> NotSupportedError:
-    """The error for using ``name`` of deepspeed.moe."""
-    return NotSupportedError(f"{name}: {FEATURE} is not supported by dslaunch's engine yet", hint=HINT)
+def __getattr__(name: str) -> Any:
+    if name not in _MODULES:
+        raise AttributeError(f"module 'launcher.zero.moe' (deepspeed.moe) has no attribute '{name}'")
+    return importlib.import_module(f"{__name__}.{name}")

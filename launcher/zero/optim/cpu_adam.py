@@ -86,12 +86,18 @@ class CPUAdam(torch.optim.Optimizer):
         #: engine-set: ``chunk_priority(param, start, end)`` -> a number; chunks run lowest first
         #: (the first layers' chunks first, across parameters); a parameter's own chunks keep their order
         self.chunk_priority = None
+        #: engine-set: where each chunk's gradient comes from instead of ``p.grad`` (which then only
+        #: says the parameter has one): ``begin(spans)`` with the chunks in update order, then per
+        #: chunk ``take(i)`` -> an fp32 host tensor of its length and ``done(i)``; chunks run one
+        #: at a time (stages/grad_feed.py: gradients that stay on the device)
+        self.grad_feed = None
 
     def __getstate__(self):
         state = super().__getstate__()
         state.pop("_pool", None)
         state.pop("on_chunk", None)
         state.pop("chunk_priority", None)
+        state.pop("grad_feed", None)
         return state
 
     def _state_for(self, p):
@@ -125,32 +131,44 @@ class CPUAdam(torch.optim.Optimizer):
         """
         jobs, spans = [], []
         factor, self.grad_factor = self.grad_factor, 1.0
+        feed = self.grad_feed
         for group in self.param_groups:
             settings = {key: value for key, value in group.items() if key != "params"}
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                if p.grad.is_sparse:
+                if p.grad.is_sparse and feed is None:
                     raise RuntimeError("CPUAdam does not support sparse gradients")
                 state = self._state_for(p)
                 state["step"] += 1
                 target = None if params_16bit is None else params_16bit.get(p)
-                jobs.extend(self._chunk_jobs(p, state, settings, target, factor))
+                jobs.extend(self._chunk_jobs(p, state, settings, target, factor, fed=feed is not None))
                 spans.extend((p, a, b) for a, b in _chunks(p.numel(), self.chunk_elements))
         if self.chunk_priority is not None:
             jobs, spans = _by_priority(jobs, spans, self.chunk_priority)
         notify = self.on_chunk
-        return lambda: self._run(jobs, spans, notify)
+        return lambda: self._run(jobs, spans, notify, feed)
 
-    def _chunk_jobs(self, p, state, group, target, factor):
-        flat = [t.detach().view(-1) for t in (p, p.grad, state["exp_avg"], state["exp_avg_sq"])]
+    def _chunk_jobs(self, p, state, group, target, factor, fed: bool = False):
+        """One job per chunk; ``fed``: the gradient comes from the feed when the job runs (None here)."""
+        flat = [t.detach().view(-1) for t in (p, state["exp_avg"], state["exp_avg_sq"])]
+        grad = None if fed else p.grad.detach().view(-1)
         out = None if target is None else target.detach().view(-1)
         step = float(state["step"])
         step_tensor = state["step"]
-        return [(tuple(t[a:b] for t in flat), None if out is None else out[a:b], step, step_tensor, group, factor)
+        return [((flat[0][a:b], None if grad is None else grad[a:b], flat[1][a:b], flat[2][a:b]),
+                 None if out is None else out[a:b], step, step_tensor, group, factor)
                 for a, b in _chunks(p.numel(), self.chunk_elements)]
 
-    def _run(self, jobs, spans, notify):
+    def _run(self, jobs, spans, notify, feed=None):
+        if feed is not None:   # one chunk at a time, each gradient taken from the feed just before
+            feed.begin(spans)
+            for index, ((param, _, exp_avg, exp_avg_sq), *rest) in enumerate(jobs):
+                self._step_chunk((param, feed.take(index), exp_avg, exp_avg_sq), *rest)
+                feed.done(index)
+                if notify is not None:
+                    notify(*spans[index])
+            return
         if self._pool is None or len(jobs) == 1:
             for job, span in zip(jobs, spans):
                 self._step_chunk(*job)

@@ -1,4 +1,4 @@
-"""Lamb with DeepSpeed FusedLamb's trust ratio (reference §4.3), in plain torch.
+"""Lamb with DeepSpeed FusedLamb's trust ratio (deepspeed/ops/lamb/fused_lamb.py and its CUDA kernel), in plain torch.
 
 The trust ratio uses the *uncorrected* moments; bias correction goes into the step size.
 """

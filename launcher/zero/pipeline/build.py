@@ -70,17 +70,24 @@ def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source,
                             loss_scaler=scaler, shard=shard)
     dataloader = None
     if training_data is not None:
-        from torch.utils.data import DataLoader, DistributedSampler
+        # DeepSpeed's pipeline loader: the data ranks' DistributedSampler shares without shuffling, repeated
+        # forever; the loader returned is the one the engine draws from (as DeepSpeed's is)
+        from launcher.zero.engine.data import EngineDataLoader, EngineSampler, RepeatingLoader
 
-        sampler = DistributedSampler(training_data, num_replicas=data_parallel_size,
-                                     rank=engine.grid.get_data_parallel_rank(), shuffle=True)
-        dataloader = DataLoader(training_data, batch_size=cfg.train_micro_batch_size_per_gpu, sampler=sampler,
-                                collate_fn=collate_fn, drop_last=True)
-        engine.set_dataiterator(_repeat(dataloader))
+        sampler = EngineSampler(training_data, data_parallel_size, engine.grid.get_data_parallel_rank(), shuffle=False)
+        dataloader = RepeatingLoader(EngineDataLoader(training_data, cfg.train_micro_batch_size_per_gpu, sampler,
+                                                      data_parallel_size, collate_fn=collate_fn,
+                                                      drop_last=cfg.dataloader_drop_last))
+        engine.set_dataiterator(dataloader)
     return engine, optimizer, dataloader, scheduler
 
 
 def _check_supported(cfg) -> None:
+    if cfg.compile.enabled:
+        from launcher.zero.errors import NotSupportedError
+
+        raise NotSupportedError("compile.enabled with pipeline parallelism is not supported",
+                                hint="remove the compile section (the pipeline engine runs its stages eagerly)")
     if cfg.zero_stage > 1:
         raise ConfigError(f"zero_optimization.stage {cfg.zero_stage} with pipeline parallelism is not supported "
                           "(pipelines run ZeRO stages 0-1 over the data axis, DeepSpeed's limit too)",
@@ -117,8 +124,3 @@ def _scheduler(lr_scheduler, optimizer, cfg):
     if lr_scheduler is not None:
         return lr_scheduler(optimizer) if callable(lr_scheduler) and not hasattr(lr_scheduler, "step") else lr_scheduler
     return build_scheduler(optimizer, cfg.scheduler) if cfg.scheduler is not None else None
-
-
-def _repeat(loader):
-    while True:
-        yield from loader

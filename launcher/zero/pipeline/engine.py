@@ -4,7 +4,7 @@ Per batch: every stage executes its schedule (``schedule.py``) of forwards and b
 activations and their gradients with ``p2p.StageLink``; then gradients are averaged over the data
 axis, tied copies summed across their stages, clipped by the one global norm (every stage's
 squares summed, each tied weight counted once) and the optimizer steps. A non-finite gradient on
-any stage skips the step on every rank.
+any stage skips the step on every rank (by the data-parallel engine's rule, precision.skips_non_finite).
 """
 from __future__ import annotations
 
@@ -15,14 +15,17 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from launcher.zero.engine.accessors import ConfigAccessors
+from launcher.zero.engine.precision import skips_non_finite
 from launcher.zero.errors import ConfigError
 from launcher.zero.parallel.grid import ParallelGrid
 from launcher.zero.pipeline.module import PipelineModule
 from launcher.zero.pipeline.p2p import StageLink
 from launcher.zero.pipeline.schedule import BACKWARD, FORWARD, build_schedule
+from launcher.zero.stages.base import grad_factor
 
 
-class PipelineEngine:
+class PipelineEngine(ConfigAccessors):
     """DeepSpeed's ``PipelineEngine`` surface: ``train_batch``, ``eval_batch``, ``grid``, counters."""
 
     def __init__(self, module: PipelineModule, optimizer, lr_scheduler, config, device: torch.device,
@@ -40,7 +43,7 @@ class PipelineEngine:
         self._param_dtype = next((p.dtype for p in module.parameters()), torch.float32)
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
-        self.config = config
+        self.zero_config = config
         self.device = device
         self.schedule_name = schedule
         self.grid = module.grid() if module.grid() is not None else ParallelGrid(module.topology())
@@ -69,27 +72,20 @@ class PipelineEngine:
         if self.shard is not None:
             self.shard.refresh()
 
-    # ---- DeepSpeed's accessors ----------------------------------------------------------
+    @property
+    def config(self) -> dict:
+        """The config as a dict, DeepSpeed's ``engine.config``; the typed one is ``zero_config``."""
+        return self.zero_config.raw
+
+    # ---- DeepSpeed's accessors (the config's own are ConfigAccessors') --------------------
     def is_first_stage(self) -> bool:
         return self.stage_id == 0
 
     def is_last_stage(self) -> bool:
         return self.stage_id == self.num_stages - 1
 
-    def gradient_accumulation_steps(self) -> int:
-        return self.micro_batches
-
-    def train_micro_batch_size_per_gpu(self) -> int:
-        return self.config.train_micro_batch_size_per_gpu
-
-    def train_batch_size(self) -> int:
-        return self.config.train_batch_size
-
     def get_global_grad_norm(self) -> float | None:
         return self._global_grad_norm
-
-    def get_lr(self) -> list[float]:
-        return [group["lr"] for group in self.optimizer.param_groups]
 
     def set_dataiterator(self, iterator: Iterator) -> None:
         self.data_iterator = iterator
@@ -185,8 +181,7 @@ class PipelineEngine:
     def _backward(self, micro: int, chunk: int, state: dict) -> None:
         inputs, outputs = state["inputs"].pop((chunk, micro)), state["outputs"].pop((chunk, micro))
         if self._is_last(chunk):
-            scale = self.loss_scaler.scale if self.loss_scaler is not None else 1.0
-            (outputs.float() * (scale / self.micro_batches)).backward()
+            (outputs.float() * (self.get_loss_scale() / self.micro_batches)).backward()
         else:
             grad = self._link.recv(self._neighbour(chunk, +1), self._channels[BACKWARD])
             torch.autograd.backward(outputs, grad_tensors=grad)
@@ -303,20 +298,20 @@ class PipelineEngine:
         return (float("inf") if overflow else float((totals[0] + totals[1]).sqrt())), overflow
 
     def _step(self) -> None:
+        """The data-parallel engine's step over this stage's gradients: the same skip rule and the
+        same fused unscale-and-clip factor; ZeRO-1 steps this data rank's slice (``shard``)."""
         self._reduce_gradients()
         norm, overflow = self._norm_and_overflow()
-        scale = self.loss_scaler.scale if self.loss_scaler is not None else 1.0
-        if overflow:
+        scale = self.get_loss_scale()
+        norm = float("inf") if overflow else norm / scale
+        if overflow and skips_non_finite(self._param_dtype, self.zero_config):
             self.skipped_steps += 1
             self._global_grad_norm = None
         else:
-            norm /= scale
-            clip = self.config.gradient_clipping
-            # unscale and clip in one pass, as the data-parallel engine does
-            combined = scale * max(1.0, (norm + 1e-6) / clip) if clip > 0 else scale
-            if combined != 1.0:
+            factor = grad_factor(norm, scale, self.zero_config.gradient_clipping)
+            if factor != 1.0:
                 for _, holder in self._holders():
-                    holder.grad.mul_(1.0 / combined)
+                    holder.grad.mul_(factor)
             if self.shard is not None:
                 self.shard.step(self.optimizer, self.grid.get_data_parallel_group(),
                                 [holder.grad for _, holder in self._holders()])

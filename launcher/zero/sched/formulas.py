@@ -1,4 +1,4 @@
-"""DeepSpeed 0.19.8's learning-rate schedules as pure functions of the step t (reference §2).
+"""DeepSpeed 0.19.8's learning-rate schedules as pure functions of the step t (deepspeed/runtime/lr_schedules.py).
 
 ``t`` is DeepSpeed's ``last_batch_iteration``: -1 right after construction, then 0, 1, 2, ...
 after each ``step()``. Each function returns the value for one param group.

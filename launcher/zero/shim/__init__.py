@@ -8,6 +8,11 @@ answers ``import deepspeed.X`` for exactly the paths of ``paths.DEEPSPEED_PATHS`
 module object named there (one module, one set of classes, whichever name a script uses), or with
 a stub whose names raise ``NotSupportedError``. Any other ``deepspeed.X`` is not found.
 
+The same finder answers ``importlib.metadata`` for the ``deepspeed`` distribution (version
+``DEEPSPEED_VERSION``), so integrations that check the package before they import it (accelerate's
+and transformers' ``is_deepspeed_available()``, ``dep_version_check``) see DeepSpeed exactly while
+the shim is installed in the process -- nothing is installed on disk that could shadow a real one.
+
 A real DeepSpeed installed on the node would be hidden by this; the shim refuses to start then.
 """
 from __future__ import annotations
@@ -15,12 +20,15 @@ from __future__ import annotations
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.metadata
 import os
+import pathlib
+import re
 import sys
 import types
 
 from launcher.zero.errors import NotSupportedError
-from launcher.zero.shim.paths import DEEPSPEED_PATHS, NotBuilt
+from launcher.zero.shim.paths import DEEPSPEED_PATHS, DEEPSPEED_VERSION, NotBuilt
 
 SHIM_DIR = os.path.dirname(os.path.abspath(__file__))   # holds the 'deepspeed' package
 ALIAS = "deepspeed"
@@ -59,8 +67,29 @@ def _not_built_module(name: str, missing: NotBuilt) -> types.ModuleType:
     return module
 
 
-class AliasFinder(importlib.abc.MetaPathFinder):
-    """``deepspeed.X.Y`` -> what ``DEEPSPEED_PATHS`` names for it; a path not listed is not found."""
+class ShimDistribution(importlib.metadata.Distribution):
+    """The ``deepspeed`` distribution as ``importlib.metadata`` sees it under the shim: a name and a version."""
+
+    METADATA = (f"Metadata-Version: 2.1\nName: {ALIAS}\nVersion: {DEEPSPEED_VERSION}\n"
+                "Summary: dslaunch's ZeRO engine answering for DeepSpeed (dslaunch --as-deepspeed)\n")
+
+    def read_text(self, filename):
+        return self.METADATA if filename in ("METADATA", "PKG-INFO") else None
+
+    def locate_file(self, path):
+        return pathlib.Path(SHIM_DIR) / path
+
+
+class AliasFinder(importlib.metadata.DistributionFinder):
+    """``deepspeed.X.Y`` -> what ``DEEPSPEED_PATHS`` names for it; a path not listed is not found.
+
+    Also the finder of the ``deepspeed`` distribution's metadata (``ShimDistribution``).
+    """
+
+    def find_distributions(self, context=importlib.metadata.DistributionFinder.Context()):
+        name = context.name
+        if name is None or re.sub(r"[-_.]+", "-", name).lower() == ALIAS:
+            yield ShimDistribution()
 
     def find_spec(self, fullname, path=None, target=None):
         if not fullname.startswith(ALIAS + "."):

@@ -20,7 +20,7 @@ def main(argv: list[str]) -> int:
     if found is not None:
         print(f"dslaunch: --as-deepspeed: a real DeepSpeed is installed here ({found}); running this script "
               "with dslaunch's engine would hide it.\n  hint: uninstall deepspeed in this environment, or change "
-              "the script's imports (README, 'Coming from DeepSpeed') and drop --as-deepspeed", file=sys.stderr)
+              "the script's imports (docs/migrating/deepspeed.md) and drop --as-deepspeed", file=sys.stderr)
         return 2
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (SHIM_DIR, os.environ.get("PYTHONPATH")) if p)
     target, sys.argv = argv[0], list(argv)

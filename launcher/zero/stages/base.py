@@ -16,8 +16,16 @@ the methods below, always in this order:
         then either (overflow)  zero_grad()
         or          scale_master_grads(1 / combined_scale); optimizer.step();
                     after_optimizer_step(); zero_grad()
-    checkpoints: fragments(), module_state_dict(), load_module_state_dict(), sync_params_from_master()
+    a background step (offload_optimizer.overlap_step): step_in_background(optimizer) starts
+        optimizer.step(), after_optimizer_step() and zero_grad() in a thread; wait_for_step()
+        blocks on it before anything reads parameters or optimizer state
+    checkpoints: fragments(), full_shapes(), module_state_dict(), load_module_state_dict(),
+                 sync_params_from_master(), gathered_16bit_state_dict() (save_16bit_model)
+    between steps: release_gathered() (engine.empty_partition_cache); destroy()
     reporting:   memory_breakdown()
+
+Every method the engine calls is declared here; a stage overrides what it does differently, and
+the engine never probes a strategy for optional methods.
 
 Glossary. *master tensor*: a tensor the optimizer steps (fp32 unless configured otherwise); at
 stages 1-3 it holds only this rank's *partition*. *fragment*: the part of one model parameter
@@ -46,7 +54,7 @@ from __future__ import annotations
 import importlib
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -67,6 +75,9 @@ class StrategyContext:
     dist_context: "DistContext"             # process group, rank, world_size, device
     precision: "PrecisionPolicy"    # param dtype, gradient-accumulation dtype, communication dtype
     reduce_gradients: bool = True   # False when the optimizer does its own gradient communication
+    #: MoE: ``ep_size_<N>`` -> the context over that size's expert-data ranks; a ``moe: True``
+    #: param group of that name is reduced and partitioned over them (experts/wiring.py)
+    expert_data_contexts: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -155,7 +166,7 @@ class ZeroStrategy(ABC):
         return [master.grad for master in self.master_tensors()]
 
     #: whether the optimizer steps device tensors (no offload): then a step needs no host sync
-    #: where the overflow flag is not needed (see Engine._norm_may_stay_on_device)
+    #: where the overflow flag is not needed (see ZeroEngine._norm_may_stay_on_device)
     masters_on_device: ClassVar[bool] = True
 
     def scale_master_grads(self, factor: float | torch.Tensor) -> None:
@@ -197,6 +208,11 @@ class ZeroStrategy(ABC):
         """Refresh the model parameters from the masters (after a checkpoint load)."""
         self.after_optimizer_step()
 
+    def full_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Parameter shapes by name where ``module.named_parameters()`` does not show them whole
+        (stage 3 partitions the parameters themselves); empty where it does."""
+        return {}
+
     def module_state_dict(self) -> dict[str, Any]:
         """The module's full state dict (stage 3 gathers here); called on every rank."""
         assert self.module is not None
@@ -206,6 +222,16 @@ class ZeroStrategy(ABC):
         """Load a full module state dict (buffers, frozen parameters and the model-dtype weights)."""
         assert self.module is not None
         self.module.load_state_dict(state, strict=strict)
+
+    def gathered_16bit_state_dict(self) -> dict[str, Any] | None:
+        """The module's state dict in its training dtype for ``save_16bit_model``; called on every
+        rank. None when the config does not allow gathering it (stage 3 without
+        ``stage3_gather_16bit_weights_on_model_save``): nothing is saved then."""
+        return self.module_state_dict()
+
+    def release_gathered(self) -> None:
+        """Free parameters still gathered after a forward (``engine.empty_partition_cache``);
+        only stage 3 gathers, so a no-op here."""
 
     def destroy(self) -> None:
         """Remove the hooks this strategy put on the module and its parameters (engine.destroy)."""
@@ -277,6 +303,16 @@ class DeviceNorm:
         if self._value is None:
             self._value = stats_from_square_sum(self.total).norm
         return self._value
+
+
+def grad_factor(norm: "float | DeviceNorm", scale: float, clip: float) -> "float | torch.Tensor":
+    """What a step multiplies the master grads by, unscaling and clipping in one pass (as
+    DeepSpeed fuses them): 1 / (scale * max(1, (norm + 1e-6) / clip)) for the unscaled global
+    ``norm``, 0 when it is infinite, 1 / scale without clipping. A DeviceNorm gives a device
+    tensor (``clip_factor``, no host sync), a float norm a float."""
+    if isinstance(norm, DeviceNorm):
+        return clip_factor(norm.total, scale, clip) if clip > 0 or scale != 1.0 else 1.0
+    return 1.0 / (scale * max(1.0, (norm + 1e-6) / clip)) if clip > 0 else 1.0 / scale
 
 
 def clip_factor(total: torch.Tensor, scale: float, clip: float) -> torch.Tensor:

@@ -20,7 +20,7 @@ class Replicated:
     def __init__(self, context):
         self.context = context
 
-    def count(self) -> int:
+    def count(self, dist_context=None) -> int:
         return 1
 
     def bounds(self, group: ParamGroup) -> tuple[int, int]:
@@ -31,7 +31,7 @@ class Replicated:
         precision = self.context.precision
         return precision.param_dtype == precision.master_dtype == precision.grad_accum_dtype
 
-    def gather(self, buffer: torch.Tensor, low: int, high: int) -> None:
+    def gather(self, buffer: torch.Tensor, low: int, high: int, dist_context=None) -> None:
         pass
 
 
@@ -40,20 +40,22 @@ class Sharded(Replicated):
 
     sharded = True
 
-    def count(self) -> int:
-        return self.context.dist_context.world_size
+    def count(self, dist_context=None) -> int:
+        """Partitions of a group over ``dist_context``'s ranks (None: the data-parallel ranks)."""
+        return (dist_context or self.context.dist_context).world_size
 
     def bounds(self, group: ParamGroup) -> tuple[int, int]:
-        return group.layout.partition_range(self.context.dist_context.rank)
+        return group.layout.partition_range((group.dist_context or self.context.dist_context).rank)
 
     def may_alias(self) -> bool:
         """fp32 weights: the master is this rank's slice of the weight buffer."""
         precision = self.context.precision
         return precision.param_dtype == precision.master_dtype
 
-    def gather(self, buffer: torch.Tensor, low: int, high: int) -> None:
-        """Every rank's updated partition into every rank's buffer, ``allgather_bucket_size`` at a time."""
-        dist_context = self.context.dist_context
+    def gather(self, buffer: torch.Tensor, low: int, high: int, dist_context=None) -> None:
+        """Every rank's updated partition into every rank's buffer, ``allgather_bucket_size`` at a time
+        (over ``dist_context``'s ranks; None: the data-parallel ranks)."""
+        dist_context = dist_context or self.context.dist_context
         if dist_context.world_size == 1:
             return
         partition_numel = high - low

@@ -10,12 +10,13 @@ from __future__ import annotations
 import torch
 
 from launcher.zero.stages.base import squares_of
+from launcher.zero.stages.host_memory import host_zeros
 
 
 def host_copy(source: torch.Tensor, dtype: torch.dtype, pin: bool) -> torch.Tensor:
-    """A host tensor holding ``source`` as ``dtype``; page-locked when asked and a GPU exists."""
-    pin = pin and torch.cuda.is_available()
-    out = torch.empty(source.numel(), dtype=dtype, pin_memory=pin)
+    """A host tensor holding ``source`` as ``dtype``; page-locked when asked and a GPU exists,
+    at its exact size (host_memory.py)."""
+    out = host_zeros(source.numel(), dtype, pin)
     out.copy_(source.detach().reshape(-1))
     return out
 
@@ -120,9 +121,9 @@ class OnHost(OnDevice):
 
     def build(self, weights: torch.Tensor, may_alias: bool) -> tuple[torch.Tensor, bool]:
         master = host_copy(weights, self.context.precision.master_dtype, self.pin)
-        self.host_grads.append(host_copy(torch.zeros(master.numel()), master.dtype, self.pin))
+        self.host_grads.append(host_zeros(master.numel(), master.dtype, self.pin))
         if self.double_buffer:
-            self.spare_grads.append(host_copy(torch.zeros(master.numel()), master.dtype, self.pin))
+            self.spare_grads.append(host_zeros(master.numel(), master.dtype, self.pin))
         self.filled.append(0)
         return master, False   # the device weights and the host masters are always two tensors
 

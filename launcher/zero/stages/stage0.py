@@ -18,7 +18,7 @@ class AllReduce(WholeGradients):
 
     def send(self, position: int, start: int, chunk: torch.Tensor, work: torch.Tensor) -> None:
         strategy = self.strategy
-        handle = all_reduce_async(work, strategy.context.dist_context)
+        handle = all_reduce_async(work, strategy.groups[position].dist_context)
 
         def done():
             if strategy.post_scale != 1.0:

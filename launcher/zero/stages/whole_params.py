@@ -21,7 +21,8 @@ import torch
 from launcher.zero.distributed.collectives import broadcast_module_from_first, gradient_scales, reduce_async, wait
 from launcher.zero.errors import ConfigError
 from launcher.zero.layout.flat import ParamGroup, collect_groups, flatten_into_buffer
-from launcher.zero.stages.base import Fragment, ZeroStrategy
+from launcher.zero.experts.wiring import broadcast_from_first, counted_once_square_sum, group_context
+from launcher.zero.stages.base import Fragment, ZeroStrategy, squares_of
 from launcher.zero.stages.buckets import BucketQueue, plan_all_buckets, register_grad_hooks
 from launcher.zero.stages.placement import OnDevice, OnHost
 from launcher.zero.stages.step_overlap import FirstUseOrder, StepOverlap
@@ -55,8 +56,15 @@ class WholeParamsStrategy(ZeroStrategy):
                               hint="pass a freshly built optimizer to zero.initialize")
         ctx = self.context
         self.module, self.optimizer = module, optimizer
-        broadcast_module_from_first(module, ctx.dist_context)
-        self.groups: list[ParamGroup] = collect_groups(module, optimizer, self.partitioning.count())
+        experts = ctx.expert_data_contexts   # MoE: expert param groups live on their expert-data ranks
+        if experts:
+            broadcast_from_first(module, ctx.dist_context, experts)
+        else:
+            broadcast_module_from_first(module, ctx.dist_context)
+        contexts = [group_context(group, ctx.dist_context, experts) for group in optimizer.param_groups]
+        self.groups: list[ParamGroup] = collect_groups(module, optimizer, lambda i: self.partitioning.count(contexts[i]))
+        for group in self.groups:
+            group.dist_context = contexts[group.index]
         self.param_buffers = [flatten_into_buffer(group, ctx.dist_context.device, ctx.precision.param_dtype)
                               for group in self.groups]
         self.masters = [self._build_master(group, buffer) for group, buffer in zip(self.groups, self.param_buffers)]
@@ -142,11 +150,11 @@ class WholeParamsStrategy(ZeroStrategy):
         ``accumulate(offset_in_partition, reduced_piece)`` runs on the owner once the reduction
         is complete (in ``finish_pending``), after the post-scale.
         """
-        rank = self.context.dist_context.rank
+        rank = group.dist_context.rank
         low, _ = self.partitioning.bounds(group)
         for piece in group.layout.split_by_owner(start, start + source.numel()):
             work = source[piece.flat_start - start:piece.flat_end - start]
-            handle = reduce_async(work, piece.rank, self.context.dist_context)
+            handle = reduce_async(work, piece.rank, group.dist_context)
             if piece.rank != rank:
                 self.pending.append((handle, lambda: None))
                 continue
@@ -181,6 +189,15 @@ class WholeParamsStrategy(ZeroStrategy):
     def norm_grads(self) -> list[torch.Tensor | None]:
         return self.placement.norm_grads(self.masters)
 
+    def grad_square_sum(self) -> torch.Tensor | None:
+        if not self.context.expert_data_contexts:
+            return super().grad_square_sum()
+        # MoE: each parameter counted once, whatever ranks hold copies of it
+        device = self.context.dist_context.device
+        parts = [(squares_of([grad], device), group.dist_context.world_size)
+                 for grad, group in zip(self.norm_grads(), self.groups)]
+        return counted_once_square_sum(parts, self.partitioned_grads, self.context.dist_context)
+
     def local_square_sum(self) -> torch.Tensor:
         measured = self.placement.take_square_sum()   # offload measures while the last copies land
         return measured if measured is not None else super().local_square_sum()
@@ -204,7 +221,7 @@ class WholeParamsStrategy(ZeroStrategy):
         with torch.no_grad():
             for group, buffer in zip(self.groups, self.param_buffers):
                 low, high = self.partitioning.bounds(group)
-                self.partitioning.gather(buffer, low, high)
+                self.partitioning.gather(buffer, low, high, group.dist_context)
 
     def step_in_background(self, optimizer) -> bool:
         """overlap_step: the CPU Adam and the uploads run in the worker thread; the gradients are

@@ -2,7 +2,8 @@
 
 argv: comma-separated ZeRO stages [mode folder]. Prints one ``RESULT {json}`` per stage: the max abs
 error of every shard against the matching slice of the single-process model, and both runs' norms.
-Mode ``save`` runs 2 of the 4 steps and saves into ``folder/stage_<N>``; ``resume`` loads that (at
+Mode ``save`` runs 2 of the 4 steps and saves into ``folder/stage_<N>`` (and ``save_16bit_model``
+into ``folder/stage_<N>/16bit``); ``resume`` loads that (at
 any data size: accumulation 4 / data ranks keeps the global batch) and runs steps 3-4.
 """
 import json
@@ -75,7 +76,8 @@ def run(stage, grid, mode="train", folder=None):
     local_params = sum(p.numel() for p in model.parameters())   # before stage 3 partitions them
     config = {"train_micro_batch_size_per_gpu": MBS, "gradient_accumulation_steps": gas, "gradient_clipping": CLIP,
               # threshold 20: at stage 3 the 16-element biases stay whole, every weight is partitioned
-              "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 20},
+              "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 20,
+                                    "stage3_gather_16bit_weights_on_model_save": True},
               "optimizer": {"type": "AdamW", "params": {"lr": LR, "betas": [0.9, 0.99], "eps": 1e-8,
                                                         "weight_decay": 0.01}}}
     engine, _, _, _ = zero.initialize(model=model, config=config, mpu=grid)
@@ -95,6 +97,7 @@ def run(stage, grid, mode="train", folder=None):
         norms.append(engine.get_global_grad_norm())
     if mode == "save":
         engine.save_checkpoint(stage_folder)
+        extra["saved_16bit"] = engine.save_16bit_model(f"{stage_folder}/16bit", "model.bin")
     ref, ref_norms = reference(dp, steps=last)
     ref_norms = ref_norms[first:]
     full, tp, tp_rank = dict(ref.named_parameters()), grid.get_model_parallel_world_size(), grid.get_model_parallel_rank()
@@ -105,7 +108,9 @@ def run(stage, grid, mode="train", folder=None):
             expected = expected.chunk(tp, dim=dims[name])[tp_rank]
         error = max(error, (value.float() - expected).abs().max().item())
     return {"rank": int(os.environ["RANK"]), "stage": stage, "max_abs_error": error, "norms": norms, "dp": dp,
-            "reference_norms": ref_norms, "local_params": local_params, "global_steps": engine.global_steps, **extra}
+            "reference_norms": ref_norms, "local_params": local_params, "global_steps": engine.global_steps,
+            "mp_world_size": engine.mp_world_size, "global_rank": engine.global_rank,
+            "dp_world_size": engine.dp_world_size, **extra}
 
 
 def _consolidated_error(folder, ref) -> float:

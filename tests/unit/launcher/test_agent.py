@@ -3,6 +3,7 @@
 At 64+ nodes dslaunch gathers hellos for longer than the heartbeat timeout; an agent that
 counted that wait as silence stopped its ranks the moment they started.
 """
+import signal
 import socket
 import sys
 import threading
@@ -61,11 +62,9 @@ class ScriptedDslaunch:
 def run_agent(tmp_path, code, wait_s, beat_before=True, beat_after=True):
     ours, theirs = socket.socketpair()
     dslaunch = ScriptedDslaunch(theirs, plan_message(tmp_path, code), wait_s, beat_before, beat_after)
-    started = time.monotonic()
     code = Agent(Channel(ours), 0, "key").run()
-    took = time.monotonic() - started
-    dslaunch.thread.join(timeout=5)
-    return code, took, dslaunch
+    dslaunch.thread.join(timeout=60)
+    return code, dslaunch
 
 
 def done_reports(dslaunch):
@@ -75,7 +74,7 @@ def done_reports(dslaunch):
 
 @pytest.mark.parametrize("beat_before", [True, False], ids=["heartbeats-meanwhile", "silent-meanwhile"])
 def test_a_plan_later_than_the_heartbeat_timeout_still_runs_the_ranks(tmp_path, beat_before):
-    code, _, dslaunch = run_agent(tmp_path, "import time; time.sleep(0.5); print('ran', flush=True)",
+    code, dslaunch = run_agent(tmp_path, "import time; time.sleep(0.5); print('ran', flush=True)",
                                   wait_s=TIMEOUT + 0.6, beat_before=beat_before)
     assert [m["returncode"] for m in dslaunch.of_type("exit")] == [0]
     assert [m["line"] for m in dslaunch.of_type("output")] == ["ran"]
@@ -83,6 +82,7 @@ def test_a_plan_later_than_the_heartbeat_timeout_still_runs_the_ranks(tmp_path, 
 
 
 def test_dslaunch_silent_after_the_plan_still_stops_the_ranks(tmp_path):
-    code, took, dslaunch = run_agent(tmp_path, "import time; time.sleep(30)", wait_s=0.2, beat_after=False)
+    code, dslaunch = run_agent(tmp_path, "import time; time.sleep(30)", wait_s=0.2, beat_after=False)
     assert done_reports(dslaunch) == [{"type": "done", "ok": False, "stopped_by": "dslaunch silent"}]
-    assert code == 1 and took < TIMEOUT + 4
+    # the agent stopped the rank (SIGTERM): it did not sleep its 30 s out
+    assert [m["returncode"] for m in dslaunch.of_type("exit")] == [-signal.SIGTERM] and code == 1

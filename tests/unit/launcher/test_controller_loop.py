@@ -4,7 +4,6 @@ import json
 import socket
 import sys
 import threading
-import time
 
 import pytest
 
@@ -44,14 +43,41 @@ def test_a_send_to_an_agent_that_does_not_read_never_blocks():
     inbox = Inbox(listener, lambda hello, nonce, source: None, lambda text: None)
     client = socket.create_connection(listener.getsockname())
     client.sendall(b'{"type":"hello","node_rank":0}\n')
-    _rank, hello = inbox.events.get(timeout=5)
+    _rank, hello = inbox.events.get(timeout=60)
     line = {"type": "heartbeat", "pad": "x" * 1000}
-    began = time.monotonic()
-    for _ in range(20_000):     # 20 MB: far more than the socket buffers hold
-        hello["channel"].send(line)
-    assert time.monotonic() - began < 5.0
+    sent = []
+    sender = threading.Thread(target=lambda: sent.extend(hello["channel"].send(line) for _ in range(20_000)))
+    sender.start()          # 20 MB: far more than the socket buffers hold, and the agent reads nothing yet
+    sender.join(timeout=120)   # not a speed bound: a send that blocks never returns at all
+    assert not sender.is_alive() and sent == [True] * 20_000
+    reader = client.makefile("rb")     # only now does the agent read: every line is there, in order
+    assert json.loads(reader.readline())["type"] == "challenge"
+    assert all(json.loads(reader.readline()) == line for _ in range(20_000))
     client.close()
     inbox.stop()
+    listener.close()
+
+
+def test_the_inbox_loop_has_ended_when_stop_returns():
+    """The controller closes its listener right after inbox.stop(): the loop must be done with it."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    in_turn, release, order = threading.Event(), threading.Event(), []
+
+    def admit(hello, nonce, source):   # runs on the inbox's thread, in the middle of one loop turn
+        in_turn.set()
+        release.wait(60)
+        order.append("loop turn ended")
+    inbox = Inbox(listener, admit, lambda text: None)
+    client = socket.create_connection(listener.getsockname())
+    client.sendall(b'{"type":"hello","node_rank":0}\n')
+    assert in_turn.wait(60)
+    stopper = threading.Thread(target=lambda: (inbox.stop(), order.append("stop returned")))
+    stopper.start()
+    stopper.join(timeout=0.5)   # a stop that does not wait for the loop returns meanwhile
+    release.set()
+    stopper.join(timeout=60)
+    assert order == ["loop turn ended", "stop returned"]
+    client.close()
     listener.close()
 
 
@@ -124,3 +150,44 @@ def test_a_failure_is_handled_before_the_output_that_came_ahead_of_it(monkeypatc
     assert code == 1
     assert printed.lines >= flood                 # every line is printed in the end
     assert seen["printed at stop"] < flood        # but the stop did not wait for them
+
+
+def test_an_agents_word_of_a_failed_rank_stops_the_other_nodes_before_its_exit_comes(capsys):
+    """Node 1's agent says "failing" the moment its rank fails; it sends the rank's exit (with its
+    last lines) only after stopping its other ranks and draining the failed one's output. Node 0
+    is stopped on the word alone, and the job still ends with one message naming rank 1."""
+    hosts = parse_hostfile("localhost slots=1\n127.0.0.1 slots=1\n", "h")
+    plan = build_plan(hosts, LaunchOptions(script="t.py", launcher="ssh", no_preflight=True),
+                      Machine(python="/py", cwd="/", environ={}))
+    controller = Controller(plan, grace=0.1, delivery="stdin")
+    stops = {}
+
+    def stop_reason(reader):
+        for line in reader:
+            message = json.loads(line)
+            if message["type"] == "stop":
+                return message["reason"]
+
+    def node0(sock, reader):
+        stops[0] = stop_reason(reader)
+        send(sock, {"type": "exit", "rank": 0, "local_rank": 0, "returncode": -15}, {"type": "done", "ok": False})
+
+    def node1(sock, reader):
+        send(sock, {"type": "failing", "rank": 1, "local_rank": 0, "returncode": 3})
+        stops[1] = stop_reason(reader)       # the exit is not sent before the stop came
+        send(sock, {"type": "exit", "rank": 1, "local_rank": 0, "returncode": 3, "tail": ["config error: boom"]},
+             {"type": "done", "ok": False})
+
+    def start(endpoint):
+        for rank, then in ((0, node0), (1, node1)):
+            key = controller.credentials.key_for(rank)
+            threading.Thread(target=fake_agent, args=(endpoint, key, rank, then), daemon=True).start()
+        return []
+
+    code = controller.run(start)
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("dslaunch: ")]
+    assert stops == {0: "rank failure", 1: "rank failure"}
+    assert code == 3
+    assert [line for line in said if "exited with code" in line] == \
+        ["dslaunch: rank 1 on 127.0.0.1 exited with code 3 (the first failure; every other rank was stopped)"]
+    assert controller.outcome.failure.tail == ("config error: boom",)

@@ -1,4 +1,7 @@
 """--output all|rank0|failures|none (launcher/output_modes.py): what is shown, what is held, the summary."""
+import threading
+import time
+
 import pytest
 
 from launcher import console
@@ -55,6 +58,28 @@ def test_the_filter_counts_what_it_holds_and_tells_a_stop_from_a_failure():
     assert kept.held == 3
     assert kept.tail_to_print(2, 1, ["boom"]) == ("boom",)
     assert kept.tail_to_print(1, -15, ["stopped"]) == ()   # after rank 2's failure: a stopped rank
+
+
+class YieldingInt(int):
+    """A count whose `+` lets another thread run halfway, as a free-threaded Python may at any point
+    (with the GIL, `held += 1` on a plain int is rarely interrupted, so a race would hide)."""
+
+    def __add__(self, other):
+        time.sleep(0)
+        return YieldingInt(int(self) + other)
+
+
+def test_held_lines_counted_by_every_output_thread_at_once_are_all_counted():
+    """A node's agent counts held lines from every rank's two output threads: none may be lost."""
+    kept = OutputFilter("rank0")
+    kept.held = YieldingInt(0)
+    threads = [threading.Thread(target=lambda: [kept.shows(1) for _ in range(500)]) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert kept.held == 8 * 500
+    assert kept.summary(None).startswith("--output rank0: 4000 rank output lines not shown")
 
 
 class CountingStream:

@@ -117,15 +117,18 @@ def test_zero_namespace_and_ops():
     assert FusedLamb is zero.ops.lamb.FusedLamb
 
 
-def test_moe_imports_says_not_supported_where_used_and_pipe_exports_deepspeed_names():
-    import launcher.zero.moe  # noqa: F401  (issue 30: DeepSpeed's tutorials import it without using it)
+def test_moe_face_is_the_experts_package_and_pipe_exports_deepspeed_names():
+    import launcher.zero.moe  # noqa: F401  (DeepSpeed's tutorials import it)
+    from launcher.zero.experts import MoE as InternalMoE
     from launcher.zero.moe.layer import MoE
     from launcher.zero.moe.utils import split_params_into_different_moe_groups_for_optimizer as split
-    assert zero.moe is launcher.zero.moe
-    with pytest.raises(NotSupportedError, match="Mixture of Experts"):
-        MoE(hidden_size=4, expert=torch.nn.Linear(4, 4), num_experts=2)
-    with pytest.raises(NotSupportedError, match="Mixture of Experts"):
-        split([{"params": []}])
+    from launcher.zero.utils import groups
+    assert zero.moe is launcher.zero.moe and MoE is InternalMoE
+    layer = MoE(hidden_size=4, expert=torch.nn.Linear(4, 4), num_experts=2)
+    groups_out = split([{"params": list(layer.parameters()), "name": "all"}])
+    assert [(g["name"], g.get("moe", False)) for g in groups_out] == [("all", False), ("ep_size_1", True)]
+    with pytest.raises(ConfigError, match="ep_size_9"):
+        groups._get_expert_parallel_group("ep_size_9")
     import launcher.zero.pipe as pipe
     from launcher.zero.pipe import LayerSpec, PipelineModule, TiedLayerSpec  # noqa: F401
     from launcher.zero.pipe import PipeDataParallelTopology, PipeModelDataParallelTopology, ProcessTopology  # noqa: F401
@@ -152,3 +155,46 @@ def test_no_sync_says_not_supported():
                                                                       "optimizer": {"type": "Adam"}})
     with pytest.raises(NotSupportedError, match="no_sync"):
         engine.no_sync()
+
+
+def test_engine_is_what_hugging_face_integrations_expect():
+    """Issue 30: engine.config is the dict (Trainer.save_model calls .get on it), the engine an nn.Module
+    with the model its one child (accelerate walks _modules), stage 3's 16-bit save names exist."""
+    config = {"train_micro_batch_size_per_gpu": 2, "steps_per_print": float("inf"), "wandb": {"enabled": False},
+              "zero_optimization": {"stage": 2}, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}}}
+    model = torch.nn.Linear(4, 2)
+    engine, *_ = zero.initialize(model=model, config=config)
+    assert engine.config.get("zero_optimization", {}).get("stage") == 2 and engine.config["wandb"] == {"enabled": False}
+    assert engine.config["optimizer"]["params"]["lr"] == "auto" and engine.zero_config.zero_stage == 2
+    assert isinstance(engine, torch.nn.Module) and dict(engine.named_children()) == {"module": model}
+    assert list(engine.modules()) == [engine, model]
+    assert engine.zero_gather_16bit_weights_on_model_save() is False
+    state = engine._zero3_consolidated_16bit_state_dict()
+    assert set(state) == {"weight", "bias"} and torch.equal(state["weight"], model.weight.detach())
+    assert state["weight"].data_ptr() != model.weight.data_ptr()
+
+
+def test_deepspeed_helpers_scripts_import_from_odd_places():
+    from launcher.zero.checkpoint.tensors import clone_tensors_for_torch_save
+    from launcher.zero.engine.module_paths import recursive_getattr, recursive_setattr
+
+    flat = torch.arange(10.0)
+    copied = clone_tensors_for_torch_save({"a": [flat[2:4]], "b": (flat[:1], 3)})
+    assert copied["a"][0].untyped_storage().nbytes() == 8 and copied["b"][1] == 3
+    assert torch.equal(copied["a"][0], torch.tensor([2.0, 3.0])) and isinstance(copied["b"], tuple)
+    model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    assert recursive_getattr(model, "0.0") is model[0][0]
+    recursive_setattr(model, "0.0", torch.nn.Identity())
+    assert isinstance(model[0][0], torch.nn.Identity) and "0.0.weight" not in model.state_dict()
+
+
+def test_deepspeed_names_not_built_import_and_say_so_where_used():
+    from launcher.zero.utils import safe_get_full_grad
+
+    with pytest.raises(NotSupportedError, match="init_inference: DeepSpeed inference"):
+        zero.init_inference(torch.nn.Linear(2, 2))
+    with pytest.raises(NotSupportedError, match="tensor-fragment"):
+        safe_get_full_grad(torch.nn.Parameter(torch.zeros(2)))
+    with pytest.raises(NotSupportedError, match="kernel"):
+        zero.DeepSpeedTransformerLayer.some_class_attribute
+    assert zero.__version__ == "0.19.8"

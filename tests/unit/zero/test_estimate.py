@@ -194,3 +194,27 @@ def test_cli_takes_1_5B_and_rejects_words_with_a_hint():
     assert same[0] == same[1]
     bad = run(["-m", "launcher.zero.engine.estimate", "--params", "lots"])
     assert bad.returncode == 2 and "write 1.5B, 350M, 125k or 1.5e9" in bad.stderr
+
+
+def test_dslaunch_stage3_optimizer_offload_needs_12_host_bytes_a_parameter():
+    """Our stage 3 offload feeds the CPU Adam from the device's gradients (grad_feed): the host keeps
+    the fp32 master and two moments (12 B/param, DeepSpeed's estimate says 16) and the device keeps
+    the 16-bit gradient shard; everything else is DeepSpeed's figure."""
+    total, largest, gpn = 10**9, 5 * 10**7, 4
+    ours = est.estimate_memory(total, gpn, 1, largest_layer_params=largest, engine="dslaunch")
+    theirs = est.estimate_memory(total, gpn, 1, largest_layer_params=largest)
+    for offload_param, host_bytes in ((False, 12), (True, 14)):
+        mine, ds = ours.row(3, True, offload_param, True), theirs.row(3, True, offload_param, True)
+        assert mine.cpu_bytes_per_node == int(total * host_bytes * 1.5)
+        assert ds.cpu_bytes_per_node == int(total * (host_bytes + 4) * 1.5)
+        assert mine.gpu_bytes_per_device == ds.gpu_bytes_per_device + 2 * total // gpn
+    mine_rows = {(r.stage, r.offload_optimizer, r.offload_param, r.zero_init): r for r in ours.rows}
+    for r in theirs.rows:
+        if not (r.stage == 3 and r.offload_optimizer):
+            assert mine_rows[(r.stage, r.offload_optimizer, r.offload_param, r.zero_init)] == r
+    table = run(["-m", "launcher.zero.engine.estimate", "--params", "1e9", "--json"], check=True).stdout
+    doc = json.loads(table)
+    assert doc["engine"] == "dslaunch"
+    row = next(r for r in doc["rows"] if r["stage"] == 3 and r["offload_optimizer"] and not r["offload_param"]
+               and r["zero_init"])
+    assert row["cpu_bytes_per_node"] == int(1e9 * 12 * 1.5)

@@ -4,7 +4,8 @@
 - the launcher reaches into the engine only through its torch-free config and errors;
 - ``launcher/zero/``'s root holds at most 12 modules;
 - the shim answers exactly the DeepSpeed paths of its table: each imports, a not-built one raises
-  ``NotSupportedError`` naming the feature where one of its names is used, an internal never resolves.
+  ``NotSupportedError`` naming the feature where one of its names is used, an internal never resolves;
+- the strategy protocol (stages/base.py) declares every strategy method the engine calls.
 """
 import ast
 import subprocess
@@ -20,7 +21,7 @@ ENGINE = REPO / "launcher" / "zero"
 # the DeepSpeed-shaped face: the root package and these modules/packages below it
 FACE = ("accelerator", "checkpointing", "comm", "moe", "ops", "pipe", "profiling", "runtime", "utils", "zero")
 SHARED = ("errors", "shim")   # the error types every layer raises; the shim that maps deepspeed.X to the face
-NOT_BUILT_STUBS = ("moe",)    # a face whose names are stubs raising NotSupportedError until the feature exists
+NOT_BUILT_STUBS = ()          # a face whose names are stubs raising NotSupportedError until the feature exists
 THIN_IMPORTS = ("__future__", "importlib", "typing")
 
 
@@ -142,7 +143,43 @@ def test_the_shim_answers_every_listed_deepspeed_path_and_no_internal():
                                   "deepspeed.runtime.engine", "deepspeed.runtime.pipe", "deepspeed.utils.zero_to_fp32",
                                   "deepspeed.checkpoint.utils", "deepspeed.ops.op_builder",
                                   "deepspeed.ops.sparse_attention", "deepspeed.moe.layer", "deepspeed.moe.utils",
+                                  "deepspeed.moe.sharded_moe", "deepspeed.moe.experts", "deepspeed.utils.groups",
                                   "deepspeed.profiling.flops_profiler"])
 def test_the_table_lists_the_paths_deepspeed_scripts_import(path):
     """Issue 30's list: each path is in the one table, mapped to a module or marked not built."""
     assert isinstance(DEEPSPEED_PATHS.get(path), (str, NotBuilt))
+
+
+def strategy_calls(path: Path) -> set[str]:
+    """Every ``<...>.strategy.<name>`` and ``strategy.<name>`` that a module reads."""
+    tree = ast.parse(path.read_text())
+    return {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+            and (isinstance(node.value, ast.Attribute) and node.value.attr == "strategy"
+                 or isinstance(node.value, ast.Name) and node.value.id == "strategy")}
+
+
+def test_the_strategy_protocol_declares_every_method_the_engine_calls():
+    from launcher.zero.stages.base import ZeroStrategy
+
+    users = [ENGINE / "engine" / "zero_engine.py", ENGINE / "engine" / "accessors.py",
+             ENGINE / "checkpoint" / "save_load.py"]
+    called = set().union(*(strategy_calls(path) for path in users))
+    assert {"prepare_master_grads", "grad_square_sum", "release_gathered", "full_shapes"} <= called
+    declared = set(dir(ZeroStrategy)) | set(ZeroStrategy.__annotations__)
+    undeclared = sorted(called - declared)
+    assert not undeclared, f"the engine calls strategy methods stages/base.py does not declare: {undeclared}"
+    probes = [path.name for path in users if 'getattr(self.strategy' in path.read_text()
+              or 'getattr(engine.strategy' in path.read_text()]
+    assert not probes, f"optional strategy methods probed with getattr in {probes}"
+
+
+def test_the_deepspeed_names_page_lists_every_path_of_the_table():
+    """docs/reference/deepspeed-names.md says which DeepSpeed paths the shim answers, and with what."""
+    page = (REPO / "docs" / "reference" / "deepspeed-names.md").read_text()
+    missing = [path for path in DEEPSPEED_PATHS if f"`{path}`" not in page]
+    assert missing == [], f"paths of launcher/zero/shim/paths.py not on the DeepSpeed names page: {missing}"
+    for path, target in DEEPSPEED_PATHS.items():
+        if isinstance(target, NotBuilt):
+            assert target.feature in page, path
+        else:
+            assert f"| `{path}` | `{target}` |" in page, path

@@ -111,6 +111,28 @@ def test_json_and_yaml_files(tmp_path):
         load_config(str(tmp_path / "missing.json"))
 
 
+def test_values_deepspeed_accepts_load_here():
+    """accelerate's DeepSpeed plugin sets steps_per_print to inf (DeepSpeed then never prints)."""
+    config = load_config({"train_batch_size": 8, "steps_per_print": float("inf")})
+    assert config.steps_per_print is None
+    assert load_config({"train_batch_size": 8, "steps_per_print": 5}).steps_per_print == 5
+    with pytest.raises(ConfigError, match="gradient_clipping: must be a finite number"):
+        load_config({"train_batch_size": 8, "gradient_clipping": float("inf")})
+
+
+@pytest.mark.parametrize("passed_to", ["initialize", "zero.Init"])
+def test_a_config_error_names_its_source_and_the_key(tmp_path, passed_to):
+    with pytest.raises(ConfigError, match=f"^config dict passed to {passed_to}: steps_per_print: must be >= 1"):
+        load_config({"train_batch_size": 8, "steps_per_print": 0}, passed_to=passed_to)
+    path = tmp_path / "ds_config.json"
+    path.write_text(json.dumps({"train_batch_size": 8, "zero_optimization": {"stgae": 2}}))
+    with pytest.raises(ConfigError, match=f"^{path}: unknown config key 'zero_optimization.stgae'"):
+        load_config(path, passed_to=passed_to)
+    path.write_text(json.dumps({"train_batch_size": 8}))
+    with pytest.raises(ConfigError, match=f"^{path}: train_batch_size \\(8\\) is not equal"):
+        load_config(path, world_size=3)
+
+
 def test_resolve_batch_is_pure():
     c = load_config({"train_micro_batch_size_per_gpu": 2})
     assert c.train_batch_size is None and resolve_batch(c, 3).train_batch_size == 6

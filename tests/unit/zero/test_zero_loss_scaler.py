@@ -1,4 +1,4 @@
-"""The fp16 dynamic loss scaler against DeepSpeed 0.19.8's ZeRO rules (reference §3.1)."""
+"""The fp16 dynamic loss scaler against DeepSpeed 0.19.8's ZeRO rules (runtime/fp16/loss_scaler.py)."""
 import pytest
 
 from launcher.zero.config.schema import FP16Config

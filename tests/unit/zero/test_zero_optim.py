@@ -1,4 +1,4 @@
-"""Optimizers by name and Lamb's trust ratio (FusedLamb's formula, reference §4.3)."""
+"""Optimizers by name and Lamb's trust ratio (FusedLamb's formula, deepspeed/ops/lamb)."""
 import math
 
 import pytest

@@ -1,4 +1,4 @@
-"""Schedulers against DeepSpeed 0.19.8's formulas and reference traces (reference §2)."""
+"""Schedulers against DeepSpeed 0.19.8's formulas and reference traces (deepspeed/runtime/lr_schedules.py)."""
 import math
 
 import pytest

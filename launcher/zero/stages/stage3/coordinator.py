@@ -149,11 +149,16 @@ class ParamCoordinator:
         self._index_of: dict[int, list[int]] = {}      # id(module) -> its trace positions, once recorded
         self._frontier = 0
         self._back_frontier = 0
+        self._units: list[torch.nn.Module] = []   # gathered whole, see use_units
+        self._unit_ids: set[int] = set()
 
     # ---- installation -----------------------------------------------------------------
     def install(self) -> None:
+        inside = {id(m) for unit in self._units for m in unit.modules() if m is not unit}
         for module in self.root.modules():
-            own = tuple(_own_partitioned(module))
+            if id(module) in inside:
+                continue
+            own = tuple(self._partitioned_of(module))
             if own:
                 self._own[id(module)] = own
                 self._handles.append(module.register_forward_pre_hook(self._before_module))
@@ -183,8 +188,26 @@ class ParamCoordinator:
         """``module``'s own partitioned parameters, from the cache (computed and kept on a miss)."""
         own = self._own.get(id(module))
         if own is None:
-            own = self._own[id(module)] = tuple(_own_partitioned(module))
+            own = self._own[id(module)] = tuple(self._partitioned_of(module))
         return own
+
+    def _partitioned_of(self, module) -> list[torch.nn.Parameter]:
+        """The partitioned parameters a module's hooks gather: its own, or a unit's whole tree's."""
+        if id(module) in self._unit_ids:
+            return list(dict.fromkeys(p for p in module.parameters() if P.is_partitioned(p)))
+        return _own_partitioned(module)
+
+    def use_units(self, units: list[torch.nn.Module]) -> None:
+        """Gather each of ``units`` as one module: the partitioned parameters of its whole tree
+        before its forward, released after it, and no hooks (nor gathering ``_parameters``)
+        inside it, where compiled code would trace them (compiling.py). The recorded order
+        starts again with the next forward."""
+        self.remove()
+        self._units, self._unit_ids = list(units), {id(unit) for unit in units}
+        self.trace, self.recorded, self.position = [], False, 0
+        self._keep, self._positions, self._index_of = set(), {}, {}
+        self._parameters_changed()
+        self.install()
 
     def _parameters_changed(self) -> None:
         """A hooked module's parameters changed: recompute who owns what when next needed."""

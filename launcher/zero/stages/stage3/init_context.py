@@ -34,7 +34,7 @@ def _config_choices(config) -> tuple[torch.dtype | None, bool]:
         return None, False
     from launcher.zero.config.load import load_config
 
-    cfg = load_config(config)
+    cfg = load_config(config, passed_to="zero.Init")
     dtype = torch.float16 if cfg.fp16.enabled else torch.bfloat16 if cfg.bf16.enabled else None
     offload = cfg.zero_optimization.offload_param
     return dtype, bool(offload is not None and offload.active)
@@ -212,6 +212,17 @@ class GatheredParameters:
                     P.update_shard_from_full(p, p.data)
                 elif getattr(p, "ds_after_modify", None) is not None:
                     p.ds_after_modify(p)
+
+
+# DeepSpeed's Init wraps torch's tensor constructors with this (transformers swaps it, inside
+# prevent_arange_dtype_change, to keep torch.arange's dtype). This Init patches no constructor: the
+# wrapper is here so that such code runs, and it is never called.
+def zero_wrapper_for_fp_tensor_constructor(fn, target_fp_dtype=None, target_device=None):
+    """The constructor unchanged (see the comment above)."""
+    return fn
+
+
+_orig_torch_arange = torch.arange
 
 
 # DeepSpeed needs these to gather a parameter another module reads during forward; at stage 3 this

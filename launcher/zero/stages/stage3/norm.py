@@ -1,8 +1,8 @@
 """Stage 3's global gradient norm, as a square-sum tensor on the device (no host sync).
 
-Each group's flat gradient is measured once in float32; a persistent parameter (whole on every
+Each group's flat gradient (``strategy.step_grads()``) is measured once in float32; a persistent parameter (whole on every
 rank) is counted on rank 0 alone. With offload and one contribution per shard, the partitioned
-squares were already summed on the device as the shards were copied out (strategy.py).
+squares were already summed on the device as the shards were copied out (stage3/strategy.py).
 An inf or NaN anywhere makes the sum non-finite, which is the overflow flag.
 """
 from __future__ import annotations
@@ -14,14 +14,17 @@ import torch.distributed as dist
 def square_sum(strategy) -> torch.Tensor:
     """The sum of squares of ``strategy``'s master grads over all ranks (0-dim float64)."""
     ctx = strategy.context
-    if strategy.offload_optimizer and strategy._norm_on_device and ctx.dist_context.device.type == "cuda":
+    if strategy.offload_optimizer and not strategy.device_grads and strategy._norm_on_device \
+            and ctx.dist_context.device.type == "cuda":
         return _from_device(strategy)
-    device = strategy.masters[0].device if strategy.masters else ctx.dist_context.device
+    grads = strategy.step_grads()
+    present = [g for g in grads if g is not None]
+    device = present[0].device if present else ctx.dist_context.device
     total = torch.zeros((), dtype=torch.float64, device=device)
-    for master, slots in zip(strategy.masters, strategy.group_slots):
-        if master.grad is None or master.grad.numel() == 0:
+    for grad, slots in zip(grads, strategy.group_slots):
+        if grad is None or grad.numel() == 0:
             continue
-        grad = master.grad.detach()
+        grad = grad.detach()
         total = total + torch.linalg.vector_norm(grad, dtype=torch.float32).double().square()
         if ctx.dist_context.rank != 0:   # rank 0 alone accounts for the parameters every rank holds whole
             total = total - pieces_square_sum([grad[s.offset:s.offset + s.length] for s in slots if s.persistent],

@@ -13,6 +13,8 @@ kept whole on every rank and never partitioned.
 """
 from __future__ import annotations
 
+import enum
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -20,7 +22,19 @@ import torch
 
 from launcher.zero.stages.stage3.comm import all_gather_shard
 
-AVAILABLE, NOT_AVAILABLE, INFLIGHT = "available", "not_available", "inflight"
+
+
+class ZeroParamStatus(str, enum.Enum):
+    """Where a partitioned parameter's full tensor is: DeepSpeed's names, kept in ``param.ds_status``."""
+
+    AVAILABLE = "available"          # gathered: ``param.data`` is the full tensor
+    NOT_AVAILABLE = "not_available"  # released: only the shard is held
+    INFLIGHT = "inflight"            # an all-gather is under way
+
+
+AVAILABLE, NOT_AVAILABLE, INFLIGHT = ZeroParamStatus.AVAILABLE, ZeroParamStatus.NOT_AVAILABLE, ZeroParamStatus.INFLIGHT
+# DeepSpeed numbers partitioned parameters (``param.ds_id``); libraries test for the attribute
+_next_id = itertools.count()
 
 
 def shard_numel(numel: int, world_size: int) -> int:
@@ -46,7 +60,7 @@ class ShardState:
     rank: int
     world_size: int
     device: torch.device              # where the full parameter is computed with
-    status: str = NOT_AVAILABLE
+    status: ZeroParamStatus = NOT_AVAILABLE
     buffer: torch.Tensor | None = None    # the gathered (padded) full tensor while available
     work: Any = None                  # the pending all-gather while inflight
     on_update: list[Callable[[torch.nn.Parameter], None]] = field(default_factory=list)
@@ -82,6 +96,8 @@ def partition(param: torch.nn.Parameter, group: Any, rank: int, world_size: int,
                        world_size=world_size, device=torch.device(device))
     param.ds_state = state
     param.ds_shape, param.ds_numel, param.ds_tensor = state.shape, state.numel, shard
+    param.ds_status = state.status
+    param.ds_id = next(_next_id)
     param.data = empty_like_param(param, state.device)
     return state
 
@@ -100,6 +116,7 @@ def start_gather(param: torch.nn.Parameter, async_op: bool = False) -> None:
         buffer = torch.empty(state.shard_numel * state.world_size, dtype=source.dtype, device=state.device)
         work = all_gather_shard(buffer, source, state.group, async_op)
     state.buffer, state.work, state.status = buffer, (work if async_op else None), INFLIGHT
+    param.ds_status = state.status
 
 
 def finish_gather(param: torch.nn.Parameter) -> None:
@@ -113,7 +130,7 @@ def finish_gather(param: torch.nn.Parameter) -> None:
         state.work.wait()
         state.work = None
     param.data = state.buffer[: state.numel].view(state.shape)
-    state.status = AVAILABLE
+    state.status = param.ds_status = AVAILABLE
 
 
 def gather(params: Iterable[torch.nn.Parameter]) -> None:
@@ -131,6 +148,7 @@ def release(param: torch.nn.Parameter) -> None:
     if state.status == INFLIGHT and state.work is not None:
         state.work.wait()
     state.buffer, state.work, state.status = None, None, NOT_AVAILABLE
+    param.ds_status = state.status
     param.data = empty_like_param(param, state.device)
 
 

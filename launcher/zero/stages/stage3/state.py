@@ -1,5 +1,5 @@
 """Stage 3's checkpoint side: fragments of the flat masters, the gathered module state dict
-and its load, and the 16-bit save. A mixin of Stage3Strategy (strategy.py), which owns the
+and its load, and the 16-bit save. A mixin of Stage3Strategy (stage3/strategy.py), which owns the
 masters, slots and the parameter coordinator it reads."""
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ class Stage3State:
     def load_module_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
         params = dict(self.module.named_parameters())
         buffers = dict(self.module.named_buffers())
-        missing = [k for k in list(params) + list(buffers) if k not in state]
+        # what a state dict holds: no non-persistent buffer (a rotary embedding's inv_freq, say)
+        missing = [k for k in self.module.state_dict(keep_vars=True) if k not in state]
         if strict and missing:
             raise ConfigError(f"load_module_state_dict: missing keys {missing[:5]}",
                               hint="load a checkpoint of the same model, or pass load_module_strict=False")

@@ -26,6 +26,7 @@ from launcher.zero.stages.stage3.coordinator import ParamCoordinator, Stage3Opti
 from launcher.zero.stages.stage3.layout import Stage3Slot, choose_persistent, plan_group
 from launcher.zero.stages.stage3.norm import square_sum
 from launcher.zero.stages.stage3.state import Stage3State
+from launcher.zero.stages.host_memory import host_zeros
 from launcher.zero.stages.placement import copy_in_pieces
 from launcher.zero.stages.base import ZeroStrategy
 
@@ -39,9 +40,9 @@ def stage3_options(zero) -> Stage3Options:
 
 
 def host_buffer(numel: int, dtype: torch.dtype, pin: bool) -> torch.Tensor:
-    """A zeroed CPU tensor, page-locked when asked and a GPU exists (pinning needs one)."""
-    pin = pin and torch.cuda.is_available()
-    return torch.zeros(numel, dtype=dtype, pin_memory=pin)
+    """A zeroed CPU tensor, page-locked when asked and a GPU exists (pinning needs one), at its
+    exact size (host_memory.py)."""
+    return host_zeros(numel, dtype, pin)
 
 
 class Stage3Strategy(Stage3State, ZeroStrategy):
@@ -65,13 +66,14 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         self.offload_optimizer = zero.offload_optimizer_active
         self.offload_param = zero.offload_param is not None and zero.offload_param.active
         pin = bool(self.offload_optimizer and zero.offload_optimizer.pin_memory)
+        host_grads, grad_dtype = self._place_gradients(zero, optimizer)
         self.master_device = torch.device("cpu") if self.offload_optimizer else ctx.dist_context.device
         self.shard_device = torch.device("cpu") if self.offload_param else ctx.dist_context.device
         self.pre_scale, self.post_scale = gradient_scales(ctx.config, ctx.dist_context.world_size)
         names = {id(p): n for n, p in module.named_parameters()}
         trainable = trainable_groups(optimizer, names)
         self._place_parameters(module, trainable)
-        # full shapes by name, for checkpoints (ckpt.py reads this) and users
+        # full shapes by name, for checkpoints (full_shapes) and users
         self.param_shapes = {n: tuple(P.full_shape(p)) for n, p in module.named_parameters()}
         self.aliased = True
         self.group_slots: list[list[Stage3Slot]] = []
@@ -79,7 +81,6 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         self.group_params: list[list[torch.nn.Parameter]] = []
         self.masters: list[torch.Tensor] = []
         self.grads: list[torch.Tensor] = []
-        grad_dtype = torch.float32 if self.offload_optimizer else ctx.precision.grad_accum_dtype
         for index, params in trainable:
             whole = [not P.is_partitioned(p) for p in params]
             slots, total = plan_group([names[id(p)] for p in params], [tuple(P.full_shape(p)) for p in params],
@@ -88,13 +89,13 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
             self.group_slots.append(slots)
             self.group_params.append(params)
             self.masters.append(master)
-            grad_device = self.master_device if self.offload_optimizer else ctx.dist_context.device
+            grad_device = self.master_device if host_grads else ctx.dist_context.device
             self.grads.append(host_buffer(total, grad_dtype, pin) if grad_device.type == "cpu" and pin
                               else torch.zeros(total, dtype=grad_dtype, device=grad_device))
             optimizer.param_groups[index]["params"] = [master]
         cuda = ctx.dist_context.device.type == "cuda" and torch.cuda.is_available()
-        on_device = cuda and self.offload_optimizer
-        self._copy_stream = torch.cuda.Stream(device=ctx.dist_context.device) if on_device else None
+        self._copy_stream = torch.cuda.Stream(device=ctx.dist_context.device) if cuda and host_grads else None
+        self.feed = self._start_feed(optimizer, pin) if self.device_grads else None
         self.coordinator = ParamCoordinator(module, self.options)
         self.coordinator.install()
         self._overlap_helper = None
@@ -113,6 +114,33 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
                     self._hooks.append(p.register_post_accumulate_grad_hook(
                         lambda param, g=position, s=slot_index: self._on_grad(g, s)))
 
+
+    def _place_gradients(self, zero, optimizer) -> tuple[bool, torch.dtype]:
+        """(whether the gradients live in host memory, their dtype); sets ``device_grads``.
+
+        With optimizer offload the gradients stay on the device until our CPU Adam takes them
+        chunk by chunk (grad_feed.py), unless the step runs in the background (overlap_step keeps
+        two host buffers) or a subclass measures the norm from the masters' .grad itself (tensor
+        parallelism): then they go to an fp32 host buffer during backward. Offload adds micro-steps
+        up in fp32; one micro-step a step adds nothing up, and its gradients keep their dtype."""
+        self.device_grads = bool(self.offload_optimizer and not zero.offload_optimizer.overlap_step
+                                 and hasattr(optimizer, "grad_feed")
+                                 and type(self).grad_square_sum is Stage3Strategy.grad_square_sum)
+        host_grads = self.offload_optimizer and not self.device_grads
+        accumulating = int(self.context.config.gradient_accumulation_steps) > 1
+        fp32 = host_grads or (self.device_grads and accumulating)
+        return host_grads, torch.float32 if fp32 else self.context.precision.grad_accum_dtype
+
+    def _start_feed(self, optimizer, pin: bool):
+        """device_grads: the optimizer takes each chunk's gradient from a GradFeed over self.grads."""
+        from launcher.zero.stages.grad_feed import GradFeed
+
+        feed = GradFeed(self.context.dist_context.device, optimizer.chunk_elements, pin)
+        feed.use(self.masters, self.grads)
+        optimizer.grad_feed = feed
+        # what a master's .grad holds meanwhile: the right shape, no memory (the feed has the values)
+        self._grad_marks = [torch.zeros(1, dtype=m.dtype).expand(m.numel()) for m in self.masters]
+        return feed
 
     def _start_overlap(self, module, optimizer, pin: bool) -> None:
         """overlap_step: a second host gradient buffer per group, and the per-parameter waits."""
@@ -172,7 +200,7 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         if keep_whole:
             P.finish_gather(p)
             full = p.data.clone()
-            del p.ds_state, p.ds_tensor, p.ds_shape, p.ds_numel
+            del p.ds_state, p.ds_tensor, p.ds_shape, p.ds_numel, p.ds_status, p.ds_id
             p.data = full.to(dtype)
             return
         if state.shard.dtype != dtype and state.shard.is_floating_point():
@@ -339,6 +367,11 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         out.record_stream(stream)   # its memory is reused only after the copy
 
     def prepare_master_grads(self) -> None:
+        if self.device_grads:   # the CPU Adam takes each chunk of self.grads from the feed
+            self.feed.arm()
+            for master, mark in zip(self.masters, self._grad_marks):
+                master.grad = mark
+            return
         if self._copies_overwrite:
             if self._copy_stream is not None:
                 self._copy_stream.synchronize()
@@ -353,6 +386,10 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
 
     def master_tensors(self) -> list[torch.Tensor]:
         return list(self.masters)
+
+    def step_grads(self) -> list[torch.Tensor | None]:
+        """Each group's gradient for this step: on the device with device_grads, else the master's .grad."""
+        return list(self.grads) if self.device_grads else [master.grad for master in self.masters]
 
     def grad_square_sum(self) -> torch.Tensor:
         """Like the base, but a persistent parameter (whole on every rank) is counted once (norm.py)."""
@@ -392,7 +429,7 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
     @property
     def _copies_overwrite(self) -> bool:
         """Offload from a GPU: a shard's first gradient of a step is copied over the host buffer."""
-        return self.offload_optimizer and self.context.dist_context.device.type == "cuda"
+        return self.offload_optimizer and not self.device_grads and self.context.dist_context.device.type == "cuda"
 
     def zero_grad(self) -> None:
         self._touched.clear()
@@ -418,6 +455,13 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         self.coordinator.remove()
         if self._overlap_helper is not None:
             self._overlap_helper.remove()
+
+    def compile_units(self, blocks: list[torch.nn.Module]) -> None:
+        """``engine.compile()``: gather each block's parameters as one, around its compiled forward."""
+        self.coordinator.use_units(blocks)
+
+    def full_shapes(self) -> dict[str, tuple[int, ...]]:
+        return self.param_shapes
 
     def release_gathered(self) -> None:
         """Free every gathered parameter (engine.empty_partition_cache)."""

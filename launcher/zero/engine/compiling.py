@@ -1,0 +1,174 @@
+"""torch.compile for the engine's module: what ``engine.compile()`` and the ``compile`` config do.
+
+Where the compiled code runs, a Python hook would be traced into the graph or break it. Stage 3
+gathers and releases parameters in module hooks, so there the module is compiled per *region*:
+each repeated block (the children of a ``ModuleList`` of same-class modules, torchtitan's
+transformer blocks) gets a compiled ``forward``, and the strategy gathers each block's parameters
+as one unit in hooks around it, outside the compiled code. Identical blocks share one graph.
+Stages 0-2 put no hooks in the forward, so the whole module's ``forward`` is compiled, as
+DeepSpeed's ``engine.compile()`` does.
+
+Only ``forward`` is replaced (an instance attribute; the class is untouched), so parameter names,
+``state_dict`` keys and checkpoints stay as they were, and ``undo`` restores the module.
+
+Glossary: a *region* is a module whose ``forward`` runs compiled; a *graph break* is a place
+where dynamo stopped a graph and fell back to Python (counted by dynamo, read by ``compile_stats``).
+
+In the engine: the ``compile`` config section (``enabled``, ``backend``, ``kwargs``) makes
+``zero.initialize`` call ``engine.compile(backend, kwargs)``; ``engine.compile`` calls
+``compile_engine`` once (a second call returns, as DeepSpeed's), ``engine.is_compiled`` says whether
+it did, and ``engine.destroy`` undoes it. What compiled code cannot keep is refused by name
+(``refusals``): ``offload_optimizer.overlap_step`` waits per module in forward hooks.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from launcher.zero.errors import NotSupportedError
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileSettings:
+    """DeepSpeed's ``compile`` section (``{"enabled", "backend", "kwargs"}``) and the arguments of
+    ``engine.compile(backend=, compile_kwargs=)``."""
+
+    backend: str = "inductor"
+    kwargs: dict = dataclasses.field(default_factory=dict)   # passed to torch.compile as they are
+    #: "auto": blocks at stage 3 (and wherever the module holds hooks), else the whole module;
+    #: "blocks" or "module" to choose
+    scope: str = "auto"
+
+
+def repeated_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The children of every ``nn.ModuleList`` of at least two modules of one class (a transformer's
+    layers), outermost lists first; a list inside a block already found is not searched."""
+    found: list[torch.nn.Module] = []
+    inside: set[int] = set()
+    for child in module.modules():
+        if id(child) in inside or not isinstance(child, torch.nn.ModuleList) or len(child) < 2:
+            continue
+        kinds = {type(item) for item in child}
+        if len(kinds) != 1:
+            continue
+        for block in child:
+            found.append(block)
+            inside.update(id(m) for m in block.modules())
+    return found
+
+
+def hooked_modules(module: torch.nn.Module, skip: torch.nn.Module | None = None) -> list[torch.nn.Module]:
+    """Modules of ``module``'s tree (``skip`` itself excepted) with forward hooks: compiled code
+    around them would trace or break on them."""
+    return [m for m in module.modules()
+            if m is not skip and (m._forward_pre_hooks or m._forward_hooks)]
+
+
+def compile_stats() -> dict[str, Any]:
+    """What dynamo counted in this process: graphs, graph breaks (with their reasons), recompiles."""
+    from torch._dynamo.utils import counters
+
+    breaks = dict(counters["graph_break"])
+    return {"unique_graphs": int(counters["stats"].get("unique_graphs", 0)),
+            "graph_breaks": int(sum(breaks.values())),
+            "graph_break_reasons": {str(k)[:200]: int(v) for k, v in list(breaks.items())[:10]},
+            "recompiles": int(sum(counters["recompiles"].values())) if "recompiles" in counters else 0}
+
+
+class Compiled:
+    """The regions one ``compile_regions`` call compiled, and how to undo it."""
+
+    def __init__(self, regions: list[torch.nn.Module], scope: str, settings: CompileSettings):
+        self.regions, self.scope, self.settings = regions, scope, settings
+
+    def undo(self) -> None:
+        """Give every region its own ``forward`` back (engine.destroy)."""
+        for region in self.regions:
+            region.__dict__.pop("forward", None)
+        self.regions = []
+
+
+def choose_scope(module: torch.nn.Module, settings: CompileSettings, blocks_needed: bool) -> str:
+    """"blocks" or "module" for this module: blocks where the strategy gathers per block or the
+    module holds hooks a whole-module graph would trace."""
+    if settings.scope in ("blocks", "module"):
+        return settings.scope
+    if settings.scope != "auto":
+        raise NotSupportedError(f"compile scope {settings.scope!r}", hint='use "auto", "blocks" or "module"')
+    return "blocks" if blocks_needed or hooked_modules(module, skip=module) else "module"
+
+
+def compile_regions(module: torch.nn.Module, settings: CompileSettings, blocks_needed: bool = False,
+                    before_compile=None) -> Compiled:
+    """Compile ``module``'s forward, or each repeated block's (see the module docstring).
+
+    ``before_compile(blocks)`` lets the strategy take the blocks as units first (stage 3's
+    coordinator); a hook left *inside* a block would be traced, so that is refused, naming it."""
+    scope = choose_scope(module, settings, blocks_needed)
+    if scope == "module":
+        regions = [module]
+    else:
+        regions = repeated_blocks(module)
+        if not regions:
+            raise NotSupportedError(
+                f"compile: {type(module).__name__} has no repeated blocks (an nn.ModuleList of same-class "
+                "modules) to compile one by one, which stage 3 and hooked modules need",
+                hint="hold the transformer layers in an nn.ModuleList, or compile at stage 0-2")
+        if before_compile is not None:
+            before_compile(regions)
+        for block in regions:
+            hooked = hooked_modules(block, skip=block)
+            if hooked:
+                raise NotSupportedError(
+                    f"compile: {type(hooked[0]).__name__} inside {type(block).__name__} has forward hooks, "
+                    "which compiled code would trace",
+                    hint="turn off what registers them (offload_optimizer.overlap_step does) or compile without it")
+    for region in regions:
+        if "forward" in region.__dict__:
+            raise NotSupportedError(f"compile: {type(region).__name__}.forward is already replaced "
+                                    "(compiled twice, or patched by another library)",
+                                    hint="call engine.compile() once")
+        region.forward = torch.compile(region.forward, backend=settings.backend, **settings.kwargs)
+    return Compiled(regions, scope, settings)
+
+
+def compile_for_strategy(module: torch.nn.Module, strategy, settings: CompileSettings) -> Compiled:
+    """``engine.compile()``'s work: per block where the strategy gathers parameters in hooks
+    (it then takes the blocks as units, ``strategy.compile_units``), else as ``settings`` say."""
+    units = getattr(strategy, "compile_units", None)
+    return compile_regions(module, settings, blocks_needed=units is not None, before_compile=units)
+
+
+def refusals(config, schedule=None, compiled_autograd_enabled: bool = False) -> list[str]:
+    """What of this config and these arguments compiled code cannot keep, by name (empty: none)."""
+    found = []
+    offload = config.zero_optimization.offload_optimizer
+    if offload is not None and offload.active and offload.overlap_step:
+        found.append("zero_optimization.offload_optimizer.overlap_step (it waits for each module's updated "
+                     "weights in forward hooks, which compiled code would trace)")
+    if schedule is not None:
+        found.append("engine.compile(schedule=...) (DeepCompile's schedules)")
+    if compiled_autograd_enabled:
+        found.append("engine.compile(compiled_autograd_enabled=True) (compiled autograd)")
+    return found
+
+
+def compile_engine(engine, backend: str = "inductor", compile_kwargs: dict | None = None, schedule=None,
+                   compiled_autograd_enabled: bool = False) -> Compiled:
+    """``engine.compile()``'s work: refuse what compiled code cannot keep, then compile per the
+    strategy (``compile_for_strategy``). A ``backend`` inside ``compile_kwargs`` gives way to the
+    ``backend`` argument, with a line saying so (DeepSpeed's rule)."""
+    refused = refusals(engine.zero_config, schedule, compiled_autograd_enabled)
+    if refused:
+        raise NotSupportedError("compile with " + "; ".join(refused) + " is not supported",
+                                hint="turn it off, or train without compile")
+    kwargs = dict(compile_kwargs or {})
+    if "backend" in kwargs:
+        engine.monitor.log(f"compile: compile_kwargs backend {kwargs.pop('backend')!r} is overridden by "
+                           f"backend={backend!r}")
+    compiled = compile_for_strategy(engine.module, engine.strategy, CompileSettings(backend, kwargs))
+    engine.monitor.log(f"compile: backend {backend}, {len(compiled.regions)} "
+                       f"{'blocks' if compiled.scope == 'blocks' else 'module'} compiled")
+    return compiled

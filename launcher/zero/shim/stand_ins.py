@@ -1,0 +1,40 @@
+"""DeepSpeed classes and functions scripts import that this engine has not built: one list.
+
+Each imports; calling it (or reading one of its attributes) raises ``NotSupportedError`` naming the
+feature, so a script that imports them at the top and never uses them runs. The face re-exports
+them under DeepSpeed's names (``deepspeed.init_inference``, ``deepspeed.utils.safe_get_full_grad``).
+Whole modules that are not built are ``NotBuilt`` entries of ``paths.DEEPSPEED_PATHS`` instead.
+"""
+from __future__ import annotations
+
+from launcher.zero.errors import not_built
+
+_KERNELS = "DeepSpeed's fused transformer kernels and kernel injection"
+_INFERENCE = "DeepSpeed inference (init_inference)"
+_FRAGMENTS = "reading or writing one parameter's full fp32 master, gradient or optimizer state (DeepSpeed's tensor-fragment API)"
+_FRAGMENT_HINT = "engine.module_state_dict() gives the whole model; zero.GatheredParameters shows a stage-3 parameter whole"
+
+DeepSpeedConfig = not_built("deepspeed.DeepSpeedConfig", "DeepSpeed's config object",
+                            hint="zero.load_config(path_or_dict) reads and checks a DeepSpeed config")
+DeepSpeedTransformerConfig = not_built("deepspeed.DeepSpeedTransformerConfig", _KERNELS)
+DeepSpeedTransformerLayer = not_built("deepspeed.DeepSpeedTransformerLayer", _KERNELS)
+replace_transformer_layer = not_built("deepspeed.replace_transformer_layer", _KERNELS)
+init_inference = not_built("deepspeed.init_inference", _INFERENCE)
+tp_model_init = not_built("deepspeed.tp_model_init", "DeepSpeed's automatic tensor parallelism (AutoTP)",
+                          hint="pass mpu= to zero.initialize with your own tensor-parallel layers")
+
+safe_get_full_fp32_param = not_built("deepspeed.utils.safe_get_full_fp32_param", _FRAGMENTS, hint=_FRAGMENT_HINT)
+safe_get_full_grad = not_built("deepspeed.utils.safe_get_full_grad", _FRAGMENTS, hint=_FRAGMENT_HINT)
+safe_get_full_optimizer_state = not_built("deepspeed.utils.safe_get_full_optimizer_state", _FRAGMENTS, hint=_FRAGMENT_HINT)
+safe_set_full_fp32_param = not_built("deepspeed.utils.safe_set_full_fp32_param", _FRAGMENTS, hint=_FRAGMENT_HINT)
+set_z3_leaf_modules = not_built(
+    "deepspeed.utils.set_z3_leaf_modules", "ZeRO-3 leaf modules (gathering a module's parameters as one unit, for MoE)",
+    hint="without leaf modules, a stage-3 MoE whose experts do not all run on every rank would hang; "
+         "run it with DeepSpeed itself or at stage 2")
+
+_SEQUENCE = "DeepSpeed's Ulysses sequence-parallel groups (deepspeed.utils.groups._get_sequence_parallel_*)"
+_SEQUENCE_HINT = "leave sequence parallelism off (sp_size 1), or run this script with DeepSpeed itself"
+_get_sequence_parallel_group = not_built("deepspeed.utils.groups._get_sequence_parallel_group", _SEQUENCE, hint=_SEQUENCE_HINT)
+_get_sequence_parallel_rank = not_built("deepspeed.utils.groups._get_sequence_parallel_rank", _SEQUENCE, hint=_SEQUENCE_HINT)
+_get_sequence_parallel_world_size = not_built("deepspeed.utils.groups._get_sequence_parallel_world_size", _SEQUENCE,
+                                              hint=_SEQUENCE_HINT)

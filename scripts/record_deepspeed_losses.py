@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Record a real DeepSpeed's losses for the Hugging Face scripts in tests/scripts/hf (test data for issue 30).
+
+Runs every case below on 2 CPU ranks with the Python of an environment that has a real DeepSpeed,
+transformers and accelerate (never this project's venv), and writes one JSON file per case to
+tests/data/deepspeed-<version>/: the versions, the exact launch, and each run's report (the
+per-step losses, the eval loss, ...). tests/dist/test_hf_trainer.py and test_hf_accelerate.py replay
+the same runs under ``dslaunch --as-deepspeed`` and compare.
+
+How DeepSpeed runs on CPU here: ``DS_ACCELERATOR=cpu`` (DeepSpeed's CPU accelerator; without
+oneCCL its communication backend is gloo) and torchrun (``python -m torch.distributed.run
+--nproc_per_node 2``), which gives each rank RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT.
+DeepSpeed's own launcher works too (``deepspeed --num_gpus 2 --no_local_rank SCRIPT ...`` with
+``DS_ACCELERATOR=cpu``; the Accelerate script takes no ``--local_rank``) and gave the same losses
+for accelerate_zero2. The scripts need ``--use_cpu``: without it accelerate finds no device backend and every rank
+thinks it is alone (world size 1). The Trainer gets it as a TrainingArguments flag; the
+Accelerate script turns it into ``PartialState(cpu=True)`` before ``Accelerator(...)``, because
+``Accelerator(cpu=True)`` (and ``accelerate launch --use_cpu``) quietly drops the DeepSpeed plugin.
+
+    scripts/record_deepspeed_losses.py --python /work/dsref/bin/python [--only trainer_zero2 ...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+HF = "tests/scripts/hf"
+ENV = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+WORLD_SIZE = 2
+
+# Shared by every Trainer run: 10 optimizer steps of 2 micro-batches of 4 per rank (96 samples: 6 steps an
+# epoch, so the run crosses an epoch), a checkpoint every 5 steps, a loss logged every step.
+TRAINER_ARGS = ["--use_cpu", "--max_steps", "10", "--per_device_train_batch_size", "4",
+                "--gradient_accumulation_steps", "2", "--per_device_eval_batch_size", "8",
+                "--learning_rate", "5e-3", "--warmup_steps", "2", "--weight_decay", "0.01",
+                "--logging_steps", "1", "--save_strategy", "steps", "--save_steps", "5", "--seed", "42",
+                "--report_to", "none", "--disable_tqdm", "true"]
+# The Accelerate script's own defaults: 10 steps of 4 per rank over 48 samples (6 steps an epoch).
+ACCELERATE_ARGS = ["--use_cpu", "--max_steps", "10", "--save_at", "5"]
+
+
+def trainer_run(stage: int, part: str, *extra: str) -> list[str]:
+    return [f"{HF}/train_clm.py", "--deepspeed", f"{HF}/configs/zero{stage}.json", "--output_dir", "{out}/run",
+            "--report", f"{{out}}/report-{part}.json", *TRAINER_ARGS, *extra]
+
+
+def accelerate_run(stage: int, part: str, *extra: str) -> list[str]:
+    return [f"{HF}/train_accelerate.py", "--ds_config", f"{HF}/configs/accelerate_zero{stage}.json",
+            "--output_dir", "{out}/run", "--report", f"{{out}}/report-{part}.json", *ACCELERATE_ARGS, *extra]
+
+
+def cases() -> dict[str, list[list[str]]]:
+    """Case name -> the runs it is made of, in order ({out}: the case's own scratch folder)."""
+    table = {}
+    for stage in range(4):
+        table[f"trainer_zero{stage}"] = [trainer_run(stage, "straight")]
+        table[f"trainer_zero{stage}_resume"] = [trainer_run(stage, "interrupted", "--stop_after_step", "5"),
+                                                trainer_run(stage, "resumed", "--resume_from_checkpoint", "true")]
+        table[f"accelerate_zero{stage}"] = [accelerate_run(stage, "straight")]
+        table[f"accelerate_zero{stage}_resume"] = [
+            accelerate_run(stage, "interrupted", "--stop_after_save"),
+            accelerate_run(stage, "resumed", "--resume_from", "{out}/run/state_step5")]
+    return table
+
+
+# deepspeed.initialize(training_data=...)'s loader: which samples each rank gets (loader_order_worker.py)
+LOADER_WORKER = "tests/dist/workers/loader_order_worker.py"
+LOADER_CASES = [["engine", "51", "4", "2", "0"], ["engine", "51", "4", "2", "1"],
+                ["pipe", "21", "2", "2", "1"], ["pipe", "21", "2", "2", "2"]]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def versions(python: str) -> dict:
+    probe = ("import json, sys, deepspeed, torch, transformers, accelerate; print(json.dumps({'deepspeed': "
+             "deepspeed.__version__, 'torch': torch.__version__, 'transformers': transformers.__version__, "
+             "'accelerate': accelerate.__version__, 'python': sys.version.split()[0]}))")
+    done = subprocess.run([python, "-c", probe], env={**os.environ, **ENV}, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run_case(python: str, name: str, runs: list[list[str]], log: Path) -> dict:
+    recorded = []
+    with tempfile.TemporaryDirectory(prefix=f"ds-{name}-") as scratch:
+        for argv in runs:
+            args = [a.replace("{out}", scratch) for a in argv]
+            launch = [python, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD_SIZE),
+                      "--master_port", str(free_port())]
+            with log.open("a") as sink:
+                sink.write(f"\n=== {name}: {shlex.join(launch + args)}\n")
+                sink.flush()
+                done = subprocess.run(launch + args, cwd=REPO, env={**os.environ, **ENV}, stdout=sink,
+                                      stderr=subprocess.STDOUT, timeout=900)
+            if done.returncode != 0:
+                raise SystemExit(f"{name}: DeepSpeed run failed (exit {done.returncode}); see {log}")
+            report_path = args[args.index("--report") + 1]
+            recorded.append({"args": argv, "report": json.loads(Path(report_path).read_text())})
+    return {"runs": recorded}
+
+
+def record_loader_order(python: str, log: Path) -> dict:
+    recorded = []
+    for case in LOADER_CASES:
+        with tempfile.TemporaryDirectory(prefix="ds-loader-") as scratch:
+            argv = [python, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD_SIZE), "--master_port",
+                    str(free_port()), LOADER_WORKER, *case, "--out", scratch]
+            with log.open("a") as sink:
+                sink.write(f"\n=== loader_order: {shlex.join(argv)}\n")
+                sink.flush()
+                done = subprocess.run(argv, cwd=REPO, env={**os.environ, **ENV}, stdout=sink, stderr=subprocess.STDOUT,
+                                      timeout=600)
+            if done.returncode != 0:
+                raise SystemExit(f"loader_order {case}: DeepSpeed run failed (exit {done.returncode}); see {log}")
+            ranks = [json.loads((Path(scratch) / f"rank{r}.json").read_text())["passes"] for r in range(WORLD_SIZE)]
+        recorded.append({"args": case, "ranks": ranks})
+    return {"cases": recorded}
+
+
+# bf16 at ZeRO 0 and 1 (bf16_steps_worker.py): DeepSpeed's stage-0 bf16 path steps its own way (issue 30)
+BF16_WORKER = "tests/dist/workers/bf16_steps_worker.py"
+
+
+def record_bf16_steps(python: str, log: Path) -> dict:
+    stages = {}
+    for stage in (0, 1):
+        with tempfile.TemporaryDirectory(prefix="ds-bf16-") as scratch:
+            argv = [python, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD_SIZE), "--master_port",
+                    str(free_port()), BF16_WORKER, str(stage), "--out", scratch]
+            with log.open("a") as sink:
+                sink.write(f"\n=== bf16_steps: {shlex.join(argv)}\n")
+                sink.flush()
+                done = subprocess.run(argv, cwd=REPO, env={**os.environ, **ENV}, stdout=sink, stderr=subprocess.STDOUT,
+                                      timeout=600)
+            if done.returncode != 0:
+                raise SystemExit(f"bf16_steps stage {stage}: DeepSpeed run failed (exit {done.returncode}); see {log}")
+            stages[str(stage)] = json.loads((Path(scratch) / "rank0.json").read_text())
+    return {"stages": stages}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--python", default="/work/dsref/bin/python", help="a Python with a real DeepSpeed")
+    parser.add_argument("--only", nargs="*", help="case names, loader_order and bf16_steps among them (default: all)")
+    parser.add_argument("--log", default="/tmp/record_deepspeed_losses.log")
+    options = parser.parse_args()
+
+    found = versions(options.python)
+    out_dir = REPO / "tests" / "data" / f"deepspeed-{found['deepspeed']}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    launch = {"env": ENV, "command": f"{options.python} -m torch.distributed.run --nproc_per_node {WORLD_SIZE} "
+                                     "--master_port PORT SCRIPT ARGS...", "cwd": "the repository root"}
+    if not options.only or "loader_order" in options.only:
+        record = {"case": "loader_order", "versions": found, "launch": launch, "world_size": WORLD_SIZE,
+                  "worker": LOADER_WORKER, **record_loader_order(options.python, Path(options.log))}
+        (out_dir / "loader_order.json").write_text(json.dumps(record) + "\n")
+        print("loader_order: recorded", len(record["cases"]), "cases", flush=True)
+    if not options.only or "bf16_steps" in options.only:
+        record = {"case": "bf16_steps", "versions": found, "launch": launch, "world_size": WORLD_SIZE,
+                  "worker": BF16_WORKER, **record_bf16_steps(options.python, Path(options.log))}
+        (out_dir / "bf16_steps.json").write_text(json.dumps(record, indent=1) + "\n")
+        print("bf16_steps: recorded stages", sorted(record["stages"]), flush=True)
+    for name, runs in cases().items():
+        if options.only and name not in options.only:
+            continue
+        record = {"case": name, "versions": found, "launch": launch, "world_size": WORLD_SIZE,
+                  **run_case(options.python, name, runs, Path(options.log))}
+        (out_dir / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
+        print(summary(name, record), flush=True)
+    return 0
+
+
+def summary(name: str, record: dict) -> str:
+    steps = record["runs"][-1]["report"]["steps"]
+    return (f"{name}: {len(steps)} steps logged, first loss {steps[0]['loss']:.6f} (step {steps[0]['step']}), "
+            f"last {steps[-1]['loss']:.6f} (step {steps[-1]['step']}), eval {record['runs'][-1]['report']['eval_loss']:.6f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
