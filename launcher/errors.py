@@ -10,6 +10,9 @@ EXIT_PREFLIGHT = 3
 # sysexits' EX_TEMPFAIL: the job did not fail by itself, a node went away; a scheduler may retry it.
 # Rare as a rank's own code, so a wrapper script can tell a lost node from a crash.
 EXIT_NODE_LOST = 75
+# sysexits' EX_DATAERR: training produced inf/NaN and the config said stop (non_finite.action "stop"),
+# or the fp16 loss scale is stuck at its minimum; restarting the same way fails the same way.
+EXIT_NON_FINITE = 65
 EXIT_SIGINT = 130
 
 

@@ -7,14 +7,15 @@ needs torch is imported on first use through the module ``__getattr__`` below, s
 optional piece (ZeRO-3, sparse attention, ...) fails only when it is used.
 
 The house: this root and ``accelerator``, ``comm``, ``checkpointing``, ``zero/``, ``utils/``,
-``runtime/``, ``ops/``, ``pipe/``, ``moe/`` are the DeepSpeed-shaped face (what ``deepspeed.X``
+``runtime/``, ``ops/``, ``pipe/``, ``moe/``, ``profiling/`` are the DeepSpeed-shaped face (what ``deepspeed.X``
 resolves to under ``--as-deepspeed``; ``shim/paths.py`` lists every such path). They only
 re-export; nothing below imports them. ``errors`` is shared by both. The internals, free to change:
 ``engine/`` (initialize, the engine and its step, monitor, failure hook, precision, loss scaler,
 data loader), ``config/`` (load, schema, checks; torch-free), ``distributed/`` (the DistContext,
 collectives, accelerator), ``stages/`` (ZeRO 0-3), ``layout/``, ``optim/``, ``sched/``,
 ``checkpoint/``, ``pipeline/``, ``parallel/`` (tensor and sequence parallelism, topologies),
-``activations/`` (activation checkpointing), ``sparse_attention/``.
+``activations/`` (activation checkpointing), ``sparse_attention/``, ``flops/`` (FLOPs counting,
+the profiler's report, MFU).
 tests/unit/zero/test_house.py holds these rules.
 """
 from __future__ import annotations
@@ -55,6 +56,7 @@ _LAZY = {
     "ops": ("launcher.zero.ops", None),
     "pipe": ("launcher.zero.pipe", None),
     "moe": ("launcher.zero.moe", None),
+    "profiling": ("launcher.zero.profiling", None),
 }
 
 __all__ = ["ConfigError", "CheckpointError", *_LAZY]

@@ -1,6 +1,6 @@
 """The engine's typed errors: user mistakes carry a message naming the key or file, and a hint."""
 from launcher.errors import ConfigError as _LauncherConfigError
-from launcher.errors import DslaunchError
+from launcher.errors import EXIT_NON_FINITE, DslaunchError
 
 
 class ConfigError(_LauncherConfigError):
@@ -15,6 +15,13 @@ class CheckpointError(DslaunchError):
 
 class LossScaleAtMinimumError(RuntimeError):
     """fp16 overflowed while the dynamic loss scale was already at ``min_loss_scale`` (DeepSpeed's rule)."""
+
+
+class NonFiniteError(DslaunchError):
+    """Training stopped on an inf/NaN loss or gradient; the message says where it first appeared."""
+
+    kind = "non-finite training"
+    exit_code = EXIT_NON_FINITE
 
 
 class DistributedSetupError(DslaunchError):

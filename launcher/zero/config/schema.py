@@ -141,14 +141,63 @@ class ActivationCheckpointingConfig:
 
 @dataclass(frozen=True)
 class MonitorConfig:
-    """`csv_monitor` / `tensorboard` / `wandb` / `comet`: where training metrics go."""
+    """`csv_monitor` / `tensorboard`: where training metrics go as files."""
 
     enabled: bool = spec(False, "bool", "write metrics")
     output_path: str = spec("", "str", "folder for the files (default: ./<monitor>)")
     job_name: str = spec("DeepSpeedJobName", "str", "sub-folder name")
-    group: str | None = spec(None, "str", "wandb group", nullable=True)
-    team: str | None = spec(None, "str", "wandb team", nullable=True)
-    project: str | None = spec(None, "str", "wandb/comet project", nullable=True)
+
+
+@dataclass(frozen=True)
+class WandbConfig:
+    """`wandb`: the monitor's metrics through the wandb package (rank 0)."""
+
+    enabled: bool = spec(False, "bool", "log metrics to Weights & Biases")
+    project: str = spec("deepspeed", "str", "W&B project")
+    group: str | None = spec(None, "str", "W&B group of runs", nullable=True)
+    team: str | None = spec(None, "str", "W&B team (entity)", nullable=True)
+    job_name: str | None = spec(None, "str", "W&B run name (None: W&B picks one)", nullable=True)
+
+
+@dataclass(frozen=True)
+class CometConfig:
+    """`comet`: the monitor's metrics through comet_ml (rank 0); ``online: false`` writes an offline archive."""
+
+    enabled: bool = spec(False, "bool", "log metrics to Comet")
+    samples_log_interval: int = spec(100, "int", "log a metric again only after this many samples", min=1)
+    project: str | None = spec(None, "str", "Comet project", nullable=True)
+    workspace: str | None = spec(None, "str", "Comet workspace", nullable=True)
+    api_key: str | None = spec(None, "str", "Comet API key (else COMET_API_KEY)", nullable=True)
+    experiment_name: str | None = spec(None, "str", "the experiment's name", nullable=True)
+    experiment_key: str | None = spec(None, "str", "continue this experiment", nullable=True)
+    online: bool | None = spec(None, "bool", "false: an offline experiment (COMET_OFFLINE_DIRECTORY)", nullable=True)
+    mode: str | None = spec(None, "str", "get, create or get_or_create", nullable=True,
+                            choices=("get", "create", "get_or_create"))
+
+
+@dataclass(frozen=True)
+class FlopsProfilerConfig:
+    """`flops_profiler`: count one step's FLOPs per module (torch.utils.flop_counter) and print them on rank 0."""
+
+    enabled: bool = spec(False, "bool", "profile one training step")
+    profile_step: int = spec(1, "int", "the global step (0-based, as DeepSpeed) that is profiled", min=0)
+    module_depth: int = spec(-1, "int", "deepest module level listed; -1: every level", min=-1)
+    top_modules: int = spec(1, "int", "modules listed per level, most FLOPs first", min=1)
+    detailed: bool = spec(True, "bool", "also print the module tree with each module's FLOPs")
+    output_file: str | None = spec(None, "str", "write the profile here instead of stdout", nullable=True)
+    recompute_fwd_factor: float = spec(0.0, "float", "accepted: recomputed forwards are counted as they run", min=0.0)
+
+
+@dataclass(frozen=True)
+class NonFiniteConfig:
+    """`non_finite` (ours): what a step whose loss or gradients hold inf/NaN does, and how it is explained."""
+
+    action: str = spec("skip", "str", "skip: skip the step and train on (DeepSpeed's behaviour); "
+                       "stop: end the job with exit code 65", choices=("skip", "stop"))
+    diagnose: bool = spec(True, "bool", "at the job's first non-finite step, re-run its last micro-batch with "
+                          "hooks to name the first layer whose output or gradient went non-finite")
+    stuck_scale_steps: int = spec(50, "int", "fp16 without ZeRO: stop after this many overflowing steps in a row "
+                                  "at min_loss_scale (ZeRO 1-3 stop at once, as DeepSpeed)", min=1)
 
 
 @dataclass(frozen=True)
@@ -243,8 +292,10 @@ class ZeroConfig:
     activation_checkpointing: ActivationCheckpointingConfig = spec(None, "section", "activation checkpointing", section=ActivationCheckpointingConfig, factory=ActivationCheckpointingConfig)
     csv_monitor: MonitorConfig = spec(None, "section", "CSV metrics", section=MonitorConfig, factory=MonitorConfig)
     tensorboard: MonitorConfig = spec(None, "section", "TensorBoard metrics", section=MonitorConfig, factory=MonitorConfig)
-    wandb: MonitorConfig = spec(None, "section", "accepted; not written", section=MonitorConfig, factory=MonitorConfig)
-    comet: MonitorConfig = spec(None, "section", "accepted; not written", section=MonitorConfig, factory=MonitorConfig)
+    wandb: WandbConfig = spec(None, "section", "Weights & Biases metrics", section=WandbConfig, factory=WandbConfig)
+    comet: CometConfig = spec(None, "section", "Comet metrics", section=CometConfig, factory=CometConfig)
+    flops_profiler: FlopsProfilerConfig = spec(None, "section", "FLOPs of one step, per module", section=FlopsProfilerConfig, factory=FlopsProfilerConfig)
+    non_finite: NonFiniteConfig = spec(None, "section", "inf/NaN steps: skip or stop, and which layer", section=NonFiniteConfig, factory=NonFiniteConfig)
     data_types: DataTypesConfig = spec(None, "section", "accumulation dtype", section=DataTypesConfig, factory=DataTypesConfig)
     checkpoint: CheckpointConfig = spec(None, "section", "checkpoint options", section=CheckpointConfig, factory=CheckpointConfig)
     sparse_attention: dict | None = spec(None, "dict", "read by launcher.zero.sparse_attention", nullable=True)
@@ -266,7 +317,7 @@ class ZeroConfig:
 
 #: DeepSpeed top-level sections that load unchanged but have no effect here (a warning says so).
 ACCEPTED_UNSUPPORTED = (
-    "amp", "flops_profiler", "elasticity", "autotuning", "compression_training", "data_efficiency",
+    "amp", "elasticity", "autotuning", "compression_training", "data_efficiency",
     "curriculum_learning", "pipeline", "progressive_layer_drop", "pld", "eigenvalue", "quantize_training",
     "aio", "nebula", "comms_logger", "timers", "weight_quantization", "hybrid_engine", "tensor_parallel",
     "torch_autocast", "seq_parallel_communication_data_type", "sequence_parallel_size",

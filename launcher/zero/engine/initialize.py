@@ -20,6 +20,7 @@ from launcher.zero.experts.param_groups import configure_moe_param_groups
 from launcher.zero.experts.wiring import check_param_groups, refuse_in_pipeline, set_up_experts
 from launcher.zero.engine.loss_scaler import LossScaler, rules_from_config
 from launcher.zero.engine.monitor import Monitor, ready_line
+from launcher.zero.engine.watch import StepWatch
 from launcher.zero.optim import build_optimizer, check_zero_support
 from launcher.zero.parallel.topology import check_autotp_size
 from launcher.zero.engine.precision import precision_policy
@@ -76,14 +77,13 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     strategy.setup(model, optimizer)
     scheduler = _build_scheduler(lr_scheduler, optimizer, cfg)
     scaler = LossScaler(rules_from_config(cfg.fp16, cfg.zero_stage)) if cfg.fp16.enabled else None
-    monitor = Monitor(cfg, dist_context.rank)
-    for note in no_effect_notes(cfg):
-        monitor.log(note)
+    monitor = _monitor(cfg, dist_context.rank)
     dataloader = _dataloader(training_data, cfg, dist_context, collate_fn)
     engine = ZeroEngine(EngineParts(module=model, optimizer=optimizer, lr_scheduler=scheduler, config=cfg,
                                     dist_context=dist_context, precision=precision, strategy=strategy,
                                     loss_scaler=scaler, monitor=monitor, dataloader=dataloader,
-                                    tensor_parallel=tensor_info or TensorParallelInfo()))
+                                    tensor_parallel=tensor_info or TensorParallelInfo(),
+                                    watch=StepWatch(cfg, dist_context, monitor, environ)))
     engine.experts = experts
     _ready_and_compiled(engine, monitor, param_count)
     return engine, optimizer, dataloader, scheduler
@@ -98,6 +98,14 @@ def _strategy_class(cfg, mpu, model) -> type:
         strategy_cls = with_tensor_parallel_norm(strategy_cls, mpu.get_model_parallel_group(),
                                                  sharded_parameter_names(model))
     return strategy_cls
+
+
+def _monitor(cfg, rank: int) -> Monitor:
+    """The console and metric writers, having said which config settings load but change nothing."""
+    monitor = Monitor(cfg, rank)
+    for note in no_effect_notes(cfg):
+        monitor.log(note)
+    return monitor
 
 
 def _dataloader(training_data, cfg, dist_context: DistContext, collate_fn):

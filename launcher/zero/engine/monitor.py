@@ -38,9 +38,10 @@ class PhaseTimer:
 
 
 def progress_line(step: int, total: int | None, values: dict, rate: float, tokens_per_sample: int | None,
-                  elapsed: float) -> str:
+                  elapsed: float, throughput: dict[str, str] | None = None) -> str:
     """One progress line: ``key=value`` tokens without spaces inside values, so ``dict(t.split("=", 1) for
-    t in line.split()[1:])`` parses it; steps done / total, ETA, loss, lr, loss scale, samples/s, tokens/s.
+    t in line.split()[1:])`` parses it; steps done / total, ETA, loss, lr, loss scale, samples/s, tokens/s,
+    and ``throughput``'s tokens (model TFLOP/s and MFU) after them.
     """
     done = f"{step}/{total}" if total else str(step)
     parts = [f"step={done}"]
@@ -51,6 +52,7 @@ def progress_line(step: int, total: int | None, values: dict, rate: float, token
     parts.append(f"samples/s={rate:.1f}")
     if tokens_per_sample:
         parts.append(f"tokens/s={rate * tokens_per_sample:.0f}")
+    parts.extend(f"{key}={value}" for key, value in (throughput or {}).items())
     parts.append(f"elapsed={_duration(elapsed)}")
     if total and step and total > step:
         parts.append(f"eta={_duration(elapsed / step * (total - step))}")
@@ -82,7 +84,7 @@ def _duration(seconds: float) -> str:
 
 
 class Monitor:
-    """Rank-0 console lines and CSV / TensorBoard events (``csv_monitor``, ``tensorboard`` keys)."""
+    """Rank-0 console lines and CSV / TensorBoard / W&B / Comet events (the config's monitor sections)."""
 
     def __init__(self, config, rank: int, out: TextIO | None = None, err: TextIO | None = None):
         self.rank = rank
@@ -90,6 +92,7 @@ class Monitor:
         self.err = err or sys.stderr
         self.csv_dir = None
         self.tensorboard = None
+        self.services: list = []   # wandb, comet (metric_services.py)
         if rank != 0:
             return
         if config.csv_monitor.enabled:
@@ -104,11 +107,13 @@ class Monitor:
             else:
                 path = os.path.join(config.tensorboard.output_path or "runs", config.tensorboard.job_name)
                 self.tensorboard = SummaryWriter(log_dir=path)
+        from launcher.zero.engine.metric_services import open_services
+        self.services = open_services(config, self.warn)
 
     @property
     def records(self) -> bool:
         """Whether ``events`` writes anywhere (so the engine reads the loss for it)."""
-        return self.rank == 0 and (self.csv_dir is not None or self.tensorboard is not None)
+        return self.rank == 0 and (self.csv_dir is not None or self.tensorboard is not None or bool(self.services))
 
     def log(self, text: str) -> None:
         if self.rank == 0:
@@ -133,3 +138,5 @@ class Monitor:
             for name, value in values.items():
                 self.tensorboard.add_scalar(name, value, step)
             self.tensorboard.flush()
+        for service in self.services:
+            service.write(step, values)

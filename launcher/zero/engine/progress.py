@@ -3,12 +3,14 @@ the phase timers, and what a boundary step prints and records.
 
 The engine tells it what happened (an input's shape, a micro-step's loss, a finished step); it
 decides when to read the loss (a host sync) and what goes to the console and the metric files.
+The engine's StepWatch (watch.py) adds its metric events to a step's facts, and its model
+TFLOP/s and MFU to the printed line.
 """
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -26,14 +28,20 @@ class StepFacts:
     loss_scale: float              # 1.0 without fp16
     fp16: bool                     # whether a loss scaler runs (its scale is then recorded)
     skipped: int                   # skipped_steps
+    #: more metric events of this step: the watch's grad norm, samples/s, tokens/s, skipped steps
+    events: dict = field(default_factory=dict)
 
 
 class Progress:
     """The progress line, its rates and ETA, and the phase timers of one engine."""
 
-    def __init__(self, config, monitor: Monitor, total_steps: int | None, synchronize=None):
+    def __init__(self, config, monitor: Monitor, total_steps: int | None, synchronize=None, watch=None):
         self.config = config
         self.monitor = monitor
+        #: the engine's StepWatch: ``progress_fields(samples/s)`` for the line, ``diagnosed`` once it explained
+        #: the job's first non-finite step (then a non-finite loss is warned of once, not at every step)
+        self.watch = watch
+        self._warned_non_finite = False
         self.timers = PhaseTimer(config.wall_clock_breakdown, synchronize)
         #: the progress line's "step=N/total" and ETA: a schedule's length, else what the script sets
         self.total_steps = total_steps
@@ -54,6 +62,10 @@ class Progress:
         self._loss_sum = detached if self._loss_sum is None else self._loss_sum + detached
         self._loss_count += 1
 
+    def pending_loss(self) -> tuple[torch.Tensor | None, int]:
+        """The micro-step losses summed since the last step (a device tensor, not read) and their count."""
+        return self._loss_sum, self._loss_count
+
     def after_step(self, facts: StepFacts, memory: Callable[[], dict[str, int]]) -> None:
         """Record the step's events; on every ``steps_per_print``-th step print the progress line."""
         every = self.config.steps_per_print
@@ -64,6 +76,7 @@ class Progress:
             values["Train/Samples/train_loss"] = loss
         if facts.fp16:
             values["Train/Samples/loss_scale"] = facts.loss_scale
+        values.update(facts.events)
         self.monitor.events(facts.samples, values)
         if printing:
             self._print(facts, loss, memory)
@@ -73,10 +86,15 @@ class Progress:
         loss = None
         if self._loss_sum is not None and read:
             loss = float(self._loss_sum.item()) / max(1, self._loss_count)
-            if not math.isfinite(loss):
+            if not math.isfinite(loss) and not (self._warned_non_finite and self._explained()):
                 self.monitor.warn(f"loss is {loss} at step {step}")
+                self._warned_non_finite = True
         self._loss_sum, self._loss_count = None, 0
         return loss
+
+    def _explained(self) -> bool:
+        """Whether the watch's diagnosis has said the job went non-finite (and where)."""
+        return self.watch is not None and self.watch.diagnosed
 
     def _print(self, facts: StepFacts, loss: float | None, memory: Callable[[], dict[str, int]]) -> None:
         now = time.perf_counter()
@@ -85,8 +103,9 @@ class Progress:
         self._last_report = (now, facts.samples)
         lrs = ",".join(f"{lr:.4e}" for lr in dict.fromkeys(facts.lrs))
         values = {"loss": loss, "lr": lrs, "loss_scale": facts.loss_scale, "skipped": facts.skipped}
+        throughput = self.watch.progress_fields(rate) if self.watch is not None else None
         self.monitor.log(progress_line(facts.step, self.total_steps, values, rate, self.tokens_per_sample,
-                                       now - self._started))
+                                       now - self._started, throughput))
         if self.config.wall_clock_breakdown:
             self.monitor.log(f"time (ms) | {self.timers.report()}")
         if self.config.memory_breakdown:

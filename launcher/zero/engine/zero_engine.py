@@ -25,6 +25,7 @@ from launcher.zero.engine.monitor import Monitor
 from launcher.zero.engine.plain_backward import BackwardHooks
 from launcher.zero.engine.precision import PrecisionPolicy, skips_non_finite
 from launcher.zero.engine.progress import Progress, StepFacts
+from launcher.zero.engine.watch import StepWatch
 from launcher.zero.errors import ConfigError, NotSupportedError
 from launcher.zero.stages.base import DeviceNorm, ZeroStrategy, grad_factor
 
@@ -54,6 +55,7 @@ class EngineParts:
     dataloader: Any = None
     #: under zero.initialize(mpu=...): checkpoint files carry the tensor rank, metadata the partition dims
     tensor_parallel: TensorParallelInfo = TensorParallelInfo()
+    watch: StepWatch | None = None      # FLOPs, MFU and the non-finite diagnosis (watch.py)
 
 
 class ZeroEngine(EngineAccessors, torch.nn.Module):
@@ -78,6 +80,7 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         self.monitor = parts.monitor
         self.training_dataloader = parts.dataloader
         self.tensor_parallel = parts.tensor_parallel
+        self.watch = parts.watch or StepWatch(parts.config, parts.dist_context, parts.monitor, {})
         self.global_steps = 0
         self.global_samples = 0
         self.skipped_steps = 0
@@ -86,7 +89,8 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         self._step_applied = False
         self._global_grad_norm: float | DeviceNorm | None = None
         sync = torch.cuda.synchronize if self.dist_context.device.type == "cuda" else None
-        self.progress = Progress(self.zero_config, self.monitor, getattr(self.lr_scheduler, "total_num_steps", None), sync)
+        self.progress = Progress(self.zero_config, self.monitor, getattr(self.lr_scheduler, "total_num_steps", None), sync,
+                                 self.watch)
         self._backward_hooks = BackwardHooks(self.strategy.stage, self._loss_factor,
                                              self._backward_prologue, self.strategy.post_backward)
 
@@ -135,7 +139,9 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
             args, kwargs = _cast_floats(args, torch.float16), _cast_floats(kwargs, torch.float16)
         self.strategy.pre_forward()          # stage 3 gathers parameters
         self.progress.saw_input(args)
+        self.watch.forward_begins(self, args, kwargs)
         output = self.module(*args, **kwargs)
+        self.watch.forward_done()
         self.strategy.post_forward()
         self._backward_hooks.mark(output)    # a plain loss.backward() is then routed through the engine
         self.progress.timers.stop("forward")
@@ -154,10 +160,12 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         scaled = loss * self.loss_scaler.scale if self.loss_scaler is not None else loss
         boundary = self._backward_prologue()
         self._backward_hooks.inside_engine_backward = True
+        self.watch.backward_begins()
         try:
             scaled.backward(retain_graph=retain_graph)
         finally:
             self._backward_hooks.inside_engine_backward = False
+        self.watch.backward_done()
         self.strategy.post_backward(boundary)   # the micro-step's gradient communication is done
         self.progress.timers.stop("backward")
         return loss
@@ -178,12 +186,15 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         self._step_applied = False
         if self.is_gradient_accumulation_boundary():
             self.progress.timers.start("step")
-            with self._explain_out_of_memory():
+            self.watch.step_begins()
+            with self._explain_out_of_memory(), self.watch.guard_step(self):
                 self._take_model_step(lr_kwargs)
+            self.watch.after_step(self)          # FLOPs profile, non-finite diagnosis (watch.py)
             self.progress.timers.stop("step")
             self.progress.after_step(StepFacts(step=self.global_steps, samples=self.global_samples,
                                                lrs=self.get_lr(), loss_scale=self.get_loss_scale(),
-                                               fp16=self.loss_scaler is not None, skipped=self.skipped_steps),
+                                               fp16=self.loss_scaler is not None, skipped=self.skipped_steps,
+                                               events=self.watch.event_values(self)),
                                      self.memory_breakdown)
         self.accumulation.advance()
 

@@ -93,4 +93,7 @@ DEEPSPEED_PATHS: dict[str, str | NotBuilt] = {
     "deepspeed.moe.sharded_moe": "launcher.zero.moe.sharded_moe",
     "deepspeed.moe.experts": "launcher.zero.moe.experts",
     "deepspeed.utils.groups": "launcher.zero.utils.groups",
+    "deepspeed.profiling": "launcher.zero.profiling",
+    "deepspeed.profiling.flops_profiler": "launcher.zero.profiling.flops_profiler",
+    "deepspeed.profiling.flops_profiler.profiler": "launcher.zero.profiling.flops_profiler.profiler",
 }

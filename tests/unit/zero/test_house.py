@@ -19,7 +19,7 @@ from launcher.zero.shim.paths import DEEPSPEED_PATHS, NotBuilt
 REPO = Path(__file__).resolve().parents[3]
 ENGINE = REPO / "launcher" / "zero"
 # the DeepSpeed-shaped face: the root package and these modules/packages below it
-FACE = ("accelerator", "checkpointing", "comm", "moe", "ops", "pipe", "runtime", "utils", "zero")
+FACE = ("accelerator", "checkpointing", "comm", "moe", "ops", "pipe", "profiling", "runtime", "utils", "zero")
 SHARED = ("errors", "shim")   # the error types every layer raises; the shim that maps deepspeed.X to the face
 NOT_BUILT_STUBS = ()          # a face whose names are stubs raising NotSupportedError until the feature exists
 THIN_IMPORTS = ("__future__", "importlib", "typing")
@@ -143,7 +143,8 @@ def test_the_shim_answers_every_listed_deepspeed_path_and_no_internal():
                                   "deepspeed.runtime.engine", "deepspeed.runtime.pipe", "deepspeed.utils.zero_to_fp32",
                                   "deepspeed.checkpoint.utils", "deepspeed.ops.op_builder",
                                   "deepspeed.ops.sparse_attention", "deepspeed.moe.layer", "deepspeed.moe.utils",
-                                  "deepspeed.moe.sharded_moe", "deepspeed.moe.experts", "deepspeed.utils.groups"])
+                                  "deepspeed.moe.sharded_moe", "deepspeed.moe.experts", "deepspeed.utils.groups",
+                                  "deepspeed.profiling.flops_profiler"])
 def test_the_table_lists_the_paths_deepspeed_scripts_import(path):
     """Issue 30's list: each path is in the one table, mapped to a module or marked not built."""
     assert isinstance(DEEPSPEED_PATHS.get(path), (str, NotBuilt))

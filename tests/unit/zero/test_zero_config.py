@@ -82,7 +82,8 @@ def test_aliases_and_legacy_forms():
     assert c.bf16.enabled and c.zero_optimization.stage3_prefetch_bucket_size == 7
     assert c.zero_optimization.offload_optimizer.device == "cpu"
     assert load_config({"train_batch_size": 8, "zero_optimization": True}).zero_stage == 1
-    assert "flops_profiler" in load_config({"train_batch_size": 8, "flops_profiler": {"enabled": False}}).unsupported
+    assert "comms_logger" in load_config({"train_batch_size": 8, "comms_logger": {"enabled": False}}).unsupported
+    assert load_config({"train_batch_size": 8, "flops_profiler": {"enabled": True}}).flops_profiler.enabled
 
 
 @pytest.mark.parametrize("zero, expected", [
@@ -92,8 +93,8 @@ def test_aliases_and_legacy_forms():
 ])
 def test_settings_that_load_but_change_nothing_are_named(zero, expected):
     notes = no_effect_notes(load_config({"train_batch_size": 8, "zero_optimization": zero,
-                                         "flops_profiler": {"enabled": False}}))
-    assert notes[0] == "config section 'flops_profiler' is accepted but has no effect in this engine"
+                                         "comms_logger": {"enabled": False}}))
+    assert notes[0] == "config section 'comms_logger' is accepted but has no effect in this engine"
     assert len(notes) == 1 + len(expected)
     assert all(text in note for text, note in zip(expected, notes[1:]))
 

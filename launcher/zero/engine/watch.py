@@ -1,0 +1,234 @@
+"""What the engine watches besides the loss: FLOPs (the profiler, MFU) and the first non-finite step.
+
+The engine calls one method at each point of the step (forward, backward, optimizer step, report);
+each is a few attribute reads unless something is due: a FLOPs count at one step (the profile
+step, or the first step when the progress line has a peak to show MFU against), or a diagnosis
+at the job's first step whose gradients hold inf/NaN.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+
+import torch
+
+from launcher.zero.engine.nan_probe import probe
+from launcher.zero.errors import LossScaleAtMinimumError, NonFiniteError
+from launcher.zero.flops.counter import FlopCount, FlopCounter
+from launcher.zero.flops.peak import peak_tflops, throughput_fields
+from launcher.zero.flops.profiler import write_profile
+from launcher.zero.flops.report import StepFacts, profile_text
+
+STOP_HINT = 'the job stops on inf/NaN because "non_finite": {"action": "stop"}; lower the learning rate, ' \
+            'check the named layer and the data of that step, or resume from the last checkpoint'
+
+
+class StepWatch:
+    """One per engine; rank 0 prints, every rank takes part in a diagnosis (it may gather)."""
+
+    def __init__(self, config, dist_context, monitor, environ: dict[str, str]):
+        self.config = config
+        self.dist_context = dist_context
+        self.monitor = monitor
+        self.rank = dist_context.rank
+        device = dist_context.device
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+        self.peak = peak_tflops(environ, name) if self.rank == 0 else None
+        self._sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        profiler = config.flops_profiler
+        self.profile_step = profiler.profile_step if profiler.enabled and self.rank == 0 else None
+        self.count_step = self.profile_step if self.profile_step is not None else (0 if self.peak else None)
+        self.counter = FlopCounter()
+        self.flops_per_step: int | None = None
+        self._times = {"forward": 0.0, "backward": 0.0, "step": 0.0}
+        self._began = 0.0
+        self._inputs = None
+        self._skipped_seen = 0
+        self._diagnosed = False
+        self._at_min_scale = 0
+        self._previous_loss = None          # (device tensor of summed micro-batch losses, count, step)
+        self._clock = EventClock()
+
+    # ---- the step's points ----------------------------------------------------------------
+    def forward_begins(self, engine, args, kwargs) -> None:
+        if self.config.non_finite.diagnose:
+            self._inputs = (args, kwargs)   # references only: the re-run's inputs if this step goes non-finite
+        if self.count_step is not None and engine.global_steps == self.count_step and not self.counter.counting \
+                and self.flops_per_step is None:
+            self.counter.start()
+        if self.counter.counting:
+            self._sync()
+            self._began = time.perf_counter()
+            self.counter.forward_begins()
+
+    def forward_done(self) -> None:
+        self._lap("forward")
+        self.counter.forward_done()
+
+    def backward_begins(self) -> None:
+        if self.counter.counting:
+            self._sync()
+            self._began = time.perf_counter()
+
+    def backward_done(self) -> None:
+        self._lap("backward")
+
+    def step_begins(self) -> None:
+        if self.counter.counting:
+            self._count = self.counter.stop()
+            self.flops_per_step = self._count.total
+            self._sync()
+            self._began = time.perf_counter()
+            self._profiling_step = True
+
+    def _lap(self, phase: str) -> None:
+        if self.counter.counting:
+            self._sync()
+            self._times[phase] += time.perf_counter() - self._began
+
+    @contextlib.contextmanager
+    def guard_step(self, engine):
+        """Turn fp16's 'loss scale at its minimum' into a stop that says where the inf came from."""
+        try:
+            yield
+        except LossScaleAtMinimumError as error:
+            raise NonFiniteError(f"{error}\n{self._diagnosis(engine, engine.global_steps + 1)}",
+                                 hint="the fp16 loss scale cannot go lower; try bf16, a lower learning rate, "
+                                      "or check the named layer") from None
+
+    def after_step(self, engine) -> None:
+        if getattr(self, "_profiling_step", False):
+            self._profiling_step = False
+            self._sync()
+            self._times["step"] = time.perf_counter() - self._began
+            self._print_profile(engine)
+        skipped = engine.skipped_steps > self._skipped_seen
+        self._skipped_seen = engine.skipped_steps
+        if not skipped:
+            self._previous_loss = (*engine.progress.pending_loss(), engine.global_steps)
+            self._at_min_scale = 0
+            return
+        scaler = engine.loss_scaler
+        if scaler is not None:   # fp16 overflows are the loss scaler's business until it is stuck
+            self._at_min_scale = self._at_min_scale + 1 if scaler.scale <= scaler.rules.min_scale else 0
+            if self._at_min_scale >= self.config.non_finite.stuck_scale_steps:
+                raise NonFiniteError(
+                    "Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.\n"
+                    f"(fp16: {self._at_min_scale} overflowing steps in a row at min_loss_scale "
+                    f"{scaler.rules.min_scale:g})\n{self._diagnosis(engine, engine.global_steps)}",
+                    hint="the fp16 loss scale cannot go lower; try bf16, a lower learning rate, or check the named layer")
+            return
+        if self.config.non_finite.action == "stop":
+            raise NonFiniteError(self._diagnosis(engine, engine.global_steps), hint=STOP_HINT)
+        if not self._diagnosed:
+            text = self._diagnosis(engine, engine.global_steps)
+            if self.rank == 0:
+                self.monitor.warn(text + '\nthe step was skipped (non_finite.action "skip"); later non-finite '
+                                  'steps are counted in skipped= only')
+
+    @property
+    def diagnosed(self) -> bool:
+        """Whether the job's first non-finite step has been explained (progress.py then warns less)."""
+        return self._diagnosed
+
+    def progress_fields(self, samples_per_second: float) -> dict[str, str]:
+        """Model TFLOP/s per rank and MFU for the progress line (empty until counted, or without a peak)."""
+        steps_per_second = samples_per_second / max(self.config.train_batch_size or 1, 1)
+        return throughput_fields(self.flops_per_step, steps_per_second, self.peak)
+
+    def event_values(self, engine) -> dict[str, float]:
+        """Grad norm, samples/s, tokens/s and skipped steps for the metric files and services."""
+        return self._clock.values(engine, engine.progress.tokens_per_sample) if self.monitor.records else {}
+
+    # ---- the diagnosis ------------------------------------------------------------------------
+    def _diagnosis(self, engine, step: int) -> str:
+        """The job's first non-finite step, said once: every rank re-runs its micro-batch, rank 0 tells."""
+        if self._diagnosed:
+            return f"non-finite loss or gradients at step {step} (where: said at the first one above)"
+        self._diagnosed = True
+        finding, error = None, None
+        if self.config.non_finite.diagnose and self._inputs is not None:
+            try:
+                factor = engine.loss_scaler.scale if engine.loss_scaler is not None else 1.0
+                finding = probe(engine.module, self._inputs, self.rank, factor,
+                                backward=engine.strategy.stage < 3)
+            except Exception as failure:   # the diagnosis must never hide the step's own story
+                error = f"{type(failure).__name__}: {failure}"
+        previous = self._previous_loss
+        mine = (finding, _mean(*engine.progress.pending_loss()),
+                _mean(previous[0], previous[1]) if previous else None, previous[2] if previous else None)
+        gathered = self._gather(mine)
+        losses = [(rank, entry[1]) for rank, entry in enumerate(gathered) if entry[1] is not None]
+        bad = [(rank, loss) for rank, loss in losses if not math.isfinite(loss)]
+        if bad:
+            head = f"the loss itself was non-finite ({bad[0][1]} on rank {bad[0][0]})"
+        elif losses:
+            head = f"the loss was finite ({sum(l for _, l in losses) / len(losses):.6g}), its gradients were not"
+        else:
+            head = "the loss was not seen by engine.backward"
+        lines = [f"non-finite gradients at step {step}: {head}"]
+        found = [entry[0] for entry in gathered if entry[0] is not None]
+        forward = [f for f in found if f.phase == "forward"]
+        if found:
+            lines.append((forward or found)[0].describe())
+        elif error:
+            lines.append(f"the re-run of the last micro-batch could not look: {error}")
+        elif self.config.non_finite.diagnose:
+            lines.append("a re-run of the step's last micro-batch stayed finite on every rank (the inf/NaN came "
+                         "from an earlier micro-batch of the step, or does not repeat)")
+        lasts = [entry[2] for entry in gathered if entry[2] is not None]
+        if lasts and all(math.isfinite(v) for v in lasts):
+            lines.append(f"last finite loss: {sum(lasts) / len(lasts):.6g} at step {gathered[0][3]} (mean over ranks)")
+        else:
+            lines.append("last finite loss: none seen before this step")
+        return "\n".join(lines)
+
+    def _gather(self, mine: tuple) -> list[tuple]:
+        """Every rank's (finding, loss, last loss, its step), in rank order."""
+        if self.dist_context.world_size == 1:
+            return [mine]
+        gathered = [None] * self.dist_context.world_size
+        torch.distributed.all_gather_object(gathered, mine, group=self.dist_context.group)
+        return gathered
+
+    # ---- the profile ------------------------------------------------------------------------
+    def _print_profile(self, engine) -> None:
+        if self.profile_step is None:
+            return
+        section = self.config.flops_profiler
+        count: FlopCount = self._count
+        facts = StepFacts(step=self.profile_step, params=sum(p.numel() for p in engine.module.parameters()),
+                          world_size=self.dist_context.world_size, micro_batch=engine.train_micro_batch_size_per_gpu(),
+                          forward_s=self._times["forward"], backward_s=self._times["backward"],
+                          step_s=self._times["step"])
+        types = {name: type(m).__name__ for name, m in engine.module.named_modules()}
+        write_profile(profile_text(count, facts, section.module_depth, section.top_modules, section.detailed, types),
+                      section.output_file)
+
+
+def _mean(total, count) -> float | None:
+    if total is None or not count:
+        return None
+    return float(total.item()) / count
+
+
+class EventClock:
+    """Per-step rates for the metric events (the progress line keeps its own, between prints)."""
+
+    def __init__(self):
+        self._last: tuple[float, int] | None = None
+
+    def values(self, engine, tokens_per_sample: int | None) -> dict[str, float]:
+        now, samples = time.perf_counter(), engine.global_samples
+        values = {"Train/Samples/skipped_steps": float(engine.skipped_steps)}
+        norm = engine.get_global_grad_norm()
+        if norm is not None:
+            values["Train/Samples/grad_norm"] = float(norm)
+        if self._last is not None and now > self._last[0]:
+            rate = (samples - self._last[1]) / (now - self._last[0])
+            values["Train/Samples/samples_per_second"] = rate
+            if tokens_per_sample:
+                values["Train/Samples/tokens_per_second"] = rate * tokens_per_sample
+        self._last = (now, samples)
+        return values
