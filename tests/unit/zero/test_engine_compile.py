@@ -1,6 +1,6 @@
 """The ``compile`` config section and ``engine.compile()`` on one rank: the keys DeepSpeed users
 write load (and 0.19.8's DeepCompile keys only at their defaults), what compiled code cannot keep
-is refused by name, and a compiled engine trains (2-rank parity: tests/dist/test_engine_compile.py)."""
+is refused by name, and a compiled engine trains (2-rank parity: tests/dist/test_engine_compile_ranks.py)."""
 import pytest
 import torch
 
