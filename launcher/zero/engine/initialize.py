@@ -50,12 +50,9 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
         refuse_in_pipeline(model)
 
         return initialize_pipeline(model, optimizer, lr_scheduler, source, training_data, collate_fn)
-    # the whole config is checked before the rendezvous: a typo is one message from every rank
-    # alike, never a rank that fails on a store its peer took down when it exited on the typo
     cfg = _check_before_rendezvous(source, environ, optimizer, lr_scheduler, mpu, process_group)
     dist_context = context_from_group(process_group) if process_group is not None else init_distributed(env=environ)
-    if mpu is not None:
-        dist_context = _data_parallel_context(mpu, dist_context)
+    dist_context = _data_parallel_context(mpu, dist_context) if mpu is not None else dist_context
     cfg = resolve_batch(cfg, dist_context.world_size)
     check_autotp_size(cfg.unsupported, mpu.get_model_parallel_world_size() if mpu is not None else 1)
     precision = precision_policy(cfg)
@@ -142,6 +139,9 @@ def _ready_and_compiled(engine: ZeroEngine, monitor: Monitor, param_count: int) 
 
 def _check_before_rendezvous(source, environ: dict[str, str], optimizer, lr_scheduler, mpu, process_group):
     """The config, parsed and checked as far as it can be without a process group.
+
+    Before the rendezvous: a typo is then one message from every rank alike, never a rank that
+    fails on the store its peer took down when it exited on the typo.
 
     Keys and values always; the optimizer and scheduler sections where no object replaces them;
     the batch triplet where the launcher's WORLD_SIZE is the data-parallel size (no mpu or group).
