@@ -9,15 +9,17 @@ a single-process run fed the same global batches. It prints a table per fault ki
 
     python scripts/chaos.py --rounds 100 [--seed 1] [--kinds kill_rank,stuck_rank]
 
-This version runs the ranks on this machine (the local runner). The faults that need the local
-cluster (an agent's SIGKILL, a cut link, sshd stopped before a restart, a full tmpfs) are not
-in it yet. ``python scripts/chaos.py --worker DIR`` is one rank of the job.
+This version runs the ranks on this machine (the local runner); ``full_disk`` (root only) puts
+the checkpoints on a tmpfs that fills up at a random save, and checks that ``latest`` still names
+a complete checkpoint. The faults that need the local cluster (an agent's SIGKILL, a cut link,
+sshd stopped before a restart) are not in it yet. ``python scripts/chaos.py --worker DIR`` is one rank of the job.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,7 +32,8 @@ HANG_S = 240.0
 # fault -> the exit code dslaunch documents for it (README, "Exit codes")
 EXPECTED = {"none": 0, "kill_rank": 0, "kill_in_checkpoint": 0, "stuck_rank": 0,   # restarted, finished
             "kill_dslaunch": 128 + signal.SIGKILL, "term_dslaunch": 128 + signal.SIGTERM,
-            "int_dslaunch": 130}
+            "int_dslaunch": 130,
+            "full_disk": 2}   # a CheckpointError on every try: the engine's exit code for it
 
 
 # ---- one rank of the job -------------------------------------------------------------------------
@@ -156,6 +159,10 @@ def run_round(number: int, kind: str, rng: random.Random, want, python: str) -> 
             "--max_restarts", "2", "--stall_timeout", "6", os.path.abspath(__file__), "--worker", directory]
     if kind == "stuck_rank":
         env["CHAOS_STUCK_AT"] = str(rng.randrange(1, STEPS))
+    disk = os.path.join(directory, "ckpt") if kind == "full_disk" else None
+    if disk is not None:   # room for one to three of the job's four checkpoints (about 60 KiB each)
+        os.makedirs(disk)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={rng.randrange(70, 200)}k", "tmpfs", disk], check=True)
     started = time.monotonic()
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if kind not in ("none", "stuck_rank"):
@@ -185,12 +192,26 @@ def run_round(number: int, kind: str, rng: random.Random, want, python: str) -> 
         got = torch.load(final)
         wrong = not all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(got, want))
     finished = os.path.exists(final)
+    if disk is not None:
+        wrong = not _latest_is_complete(disk)   # the last complete checkpoint is the one 'latest' names
+        subprocess.run(["umount", "-l", disk], check=False)
+    shutil.rmtree(directory, ignore_errors=True)
     ok = not hang and not left and code == EXPECTED[kind] and not wrong and (finished or EXPECTED[kind] != 0)
     if not ok:
         print(f"round {number} ({kind}) failed: exit {code} (expected {EXPECTED[kind]}), hang={hang}, "
               f"orphans={len(left)}, wrong weights={wrong}, finished={finished}; last output:\n"
               + "\n".join(output.splitlines()[-15:]), flush=True)
     return {"kind": kind, "ok": ok, "orphans": len(left), "hang": hang, "wrong": wrong, "code_ok": code == EXPECTED[kind]}
+
+
+def _latest_is_complete(ckpt: str) -> bool:
+    latest = os.path.join(ckpt, "latest")
+    if not os.path.exists(latest):
+        return not any(name.startswith("global_step") for name in os.listdir(ckpt))
+    with open(latest, encoding="utf-8") as handle:
+        tag = handle.read().strip()
+    leftovers = [name for name in os.listdir(ckpt) if name.endswith(".partial")]
+    return os.path.isfile(os.path.join(ckpt, tag, "metadata.json")) and not leftovers
 
 
 def table(results: list[dict]) -> str:
@@ -215,6 +236,8 @@ def main(argv=None) -> int:
         worker(args.worker)
         return 0
     kinds = args.kinds.split(",")
+    if os.geteuid() != 0 and "full_disk" in kinds:
+        kinds.remove("full_disk")   # a tmpfs needs root
     unknown = [k for k in kinds if k not in EXPECTED]
     if unknown:
         parser.error(f"unknown fault kind(s) {unknown}; known: {', '.join(EXPECTED)}")

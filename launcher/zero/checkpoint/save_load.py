@@ -60,9 +60,9 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None =
                 json.dump(_metadata(engine, listings), handle, indent=1)
         problem = _attempt(save_dir, partial, _bytes_of(states) + _bytes_of(shard), write_states)
     _agree_or_raise(engine, problem, partial, lead)
-    if lead:
-        _publish(save_dir, partial, tag, save_latest)
-    job_barrier(engine)
+    if lead:   # a full disk can still refuse the few bytes of 'latest': the save then fails on every rank
+        problem = _attempt(save_dir, partial, len(tag), lambda: _publish(save_dir, partial, tag, save_latest))
+    _agree_or_raise(engine, problem, partial, lead)
     return True
 
 
