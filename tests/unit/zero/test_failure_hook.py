@@ -35,4 +35,4 @@ def test_a_config_error_raised_by_zero_init_is_one_message():
                     install=False)   # zero.Init installs the hook itself
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
-    assert "dslaunch: config error: unknown config key 'fp61'" in done.stderr
+    assert "dslaunch: config error: config dict passed to zero.Init: unknown config key 'fp61'" in done.stderr
