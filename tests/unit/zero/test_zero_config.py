@@ -168,11 +168,11 @@ def test_nvme_offload_says_host_memory_is_used_and_the_estimate_counts_it_as_cpu
 def test_every_accepted_key_without_effect_is_named_once_and_defaults_are_not():
     from launcher.zero.config.load import load_config, no_effect_notes
 
-    cfg = load_config({"train_batch_size": 2, "sparse_gradients": True, "wandb": {"enabled": True},
+    cfg = load_config({"train_batch_size": 2, "sparse_gradients": True,
                        "zero_optimization": {"stage": 2, "legacy_stage1": True, "memory_efficient_linear": True},
                        "bf16": {"enabled": True, "immediate_grad_update": True}})
     notes = no_effect_notes(cfg)
     named = sorted(note.split("'")[1] for note in notes if note.startswith("config key"))
-    assert named == ["bf16.immediate_grad_update", "sparse_gradients", "wandb", "zero_optimization.legacy_stage1"]
+    assert named == ["bf16.immediate_grad_update", "sparse_gradients", "zero_optimization.legacy_stage1"]
     assert len(notes) == len(set(notes))
     assert no_effect_notes(load_config({"train_batch_size": 2})) == []
