@@ -196,7 +196,8 @@ class Controller:
                 self.failing = RankExit(message["rank"], message["local_rank"], message["returncode"], (), host)
         elif kind == "exit":
             done = RankExit(message["rank"], message["local_rank"], message["returncode"],
-                            tuple(message.get("tail", ())), host, stuck_pid=message.get("stuck_pid"))
+                            tuple(message.get("tail", ())), host, stuck_pid=message.get("stuck_pid"),
+                            stalled_s=message.get("stalled_s"))
             self.exits.append(done)
             the_failing = self.failing is not None and done.rank == self.failing.rank
             self.relay.exited(done, self.stopping and not the_failing)
@@ -204,6 +205,8 @@ class Controller:
                 console.say(done.describe())
             if not done.ok and failure is None and (not self.stopping or the_failing):
                 return done
+        elif kind == "stalled":   # a node's supervisor found a stuck rank; its stacks and exit follow
+            console.say(message["message"])
         elif kind == "error":
             console.say(f"node {node_rank} ({host}): {message['message']}")
             self.reported.add(node_rank)   # it ends on purpose: its EOF is no death
@@ -231,6 +234,7 @@ class Controller:
             plan = self.plan = with_master_port(plan, int(answer["port"]))
         job = {"master_addr": plan.master_addr, "workdir": plan.workdir, "log_dir": plan.log_dir,
                "heartbeat_timeout": plan.heartbeat_timeout, "grace": self.grace, "bind_cores": plan.bind_cores,
+               "stall_timeout": plan.stall_timeout,
                "output": plan.output}
         for node in plan.nodes:
             self.channels[node.node_rank].send({"type": "plan", "job": job, "node": node_to_json(node)})

@@ -38,7 +38,7 @@ def run_local_try(plan: JobPlan, environ: dict[str, str], grace: float = 3.0) ->
             for line in tail:
                 console.print_rank_line(RankOutput(done.rank, "stderr", line))
     supervisor = Supervisor(specs, on_output=on_output, on_exit=on_exit, log_dir=plan.log_dir, grace=grace,
-                            host=plan.nodes[0].host)
+                            host=plan.nodes[0].host, stall_timeout=plan.stall_timeout, on_stall=console.say)
     handlers = _install_signal_handlers(supervisor)
     try:
         supervisor.start()

@@ -81,7 +81,8 @@ class Agent:
                            remap_devices=True, cores=cores)
         self.supervisor = Supervisor(specs, on_output=self._send_output, on_exit=self._send_exit,
                                      log_dir=job.get("log_dir"), grace=float(job.get("grace", 3.0)),
-                                     host=node["host"], on_failure=self._send_failing)
+                                     host=node["host"], on_failure=self._send_failing,
+                                     stall_timeout=job.get("stall_timeout"), on_stall=self._send_stalled)
         threading.Thread(target=self._listen, daemon=True).start()
         threading.Thread(target=self._heartbeat, daemon=True).start()
         try:
@@ -175,11 +176,16 @@ class Agent:
         self.channel.send({"type": "failing", "rank": event.rank, "local_rank": event.local_rank,
                            "returncode": event.returncode})
 
+    def _send_stalled(self, message: str) -> None:
+        self.channel.send({"type": "stalled", "message": message})
+
     def _send_exit(self, event) -> None:
         message = {"type": "exit", "rank": event.rank, "local_rank": event.local_rank,
                    "returncode": event.returncode, "tail": list(event.tail)}
         if event.stuck_pid is not None:
             message["stuck_pid"] = event.stuck_pid
+        if event.stalled_s is not None:
+            message["stalled_s"] = event.stalled_s
         self.channel.send(message)
 
 

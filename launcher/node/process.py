@@ -48,6 +48,7 @@ class RankExit:
     tail: tuple[str, ...] = ()
     host: str = ""
     stuck_pid: int | None = None   # it outlived SIGKILL (stuck in the kernel): left running as this pid
+    stalled_s: float | None = None  # stopped by --stall_timeout: no progress this long while its peers went on
 
     @property
     def ok(self) -> bool:
@@ -63,6 +64,9 @@ class RankExit:
         if self.stuck_pid is not None:
             return (f"{where} did not end after SIGKILL and was left running as pid {self.stuck_pid}: a process "
                     f"that ignores SIGKILL is stuck in the kernel (often a hung file system or device)")
+        if self.stalled_s is not None:
+            return (f"{where} was stopped as stuck: no progress for {self.stalled_s:.0f} s while the other ranks "
+                    f"went on (--stall_timeout; its stack is above)")
         if self.returncode < 0:
             number = -self.returncode
             try:

@@ -5,19 +5,25 @@ callbacks and never prints, so the two can route output their own way.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 from launcher.node.process import RankExit, RankOutput, RankProcess, RankSpec, spawn, stop_processes
+from launcher.node.stall import PROGRESS_VARIABLE, Stall, StallWatch, progress_path, read_progress
 
 POLL_SECONDS = 0.02
 DRAIN_SECONDS = 1.0        # a failed or finished rank's output threads get this long to reach EOF
 STOPPED_DRAIN_SECONDS = 0.5  # one wait for every stopped rank's output (a pipe an escaped grandchild holds)
 KILL_WAIT_SECONDS = 5.0    # a rank that outlives SIGKILL this long is stuck in the kernel: reported, left
+PROGRESS_POLL_SECONDS = 0.5  # --stall_timeout: how often the ranks' progress files are read
+STACKS_SECONDS = 2.0       # after SIGUSR1, how long the ranks' stacks get to reach the output before the stop
 
 
 @dataclass(frozen=True)
@@ -39,13 +45,17 @@ class Supervisor:
     `on_failure` hears of the first failure the moment it is seen, before the other ranks are
     stopped and before the failed rank's output is drained (its `on_exit`, with its last lines,
     comes after both): the agent tells dslaunch at once, so the other nodes stop at once too.
-    `spawner` starts one rank (process.spawn; a test passes its own).
+    `spawner` starts one rank (process.spawn; a test passes its own). With `stall_timeout`, a
+    rank that makes no progress while the others go on is named through `on_stall`, every rank
+    here is asked for its Python stack (SIGUSR1, faulthandler), and the stuck rank is killed:
+    its exit is then the job's failure, as any other (restarted under --max_restarts).
     """
 
     def __init__(self, specs: list[RankSpec], on_output: Callable[[RankOutput], None],
                  on_exit: Callable[[RankExit], None] = lambda e: None, log_dir: str | None = None,
                  grace: float = 3.0, host: str = "", on_failure: Callable[[RankExit], None] = lambda e: None,
-                 spawner: Callable[..., RankProcess] = spawn):
+                 spawner: Callable[..., RankProcess] = spawn, stall_timeout: float | None = None,
+                 on_stall: Callable[[str], None] = lambda message: None):
         self.specs = specs
         self.on_output = on_output
         self.on_exit = on_exit
@@ -57,6 +67,12 @@ class Supervisor:
         self.procs: list[RankProcess] = []
         self._logs = []
         self._stop_request: tuple[str, int] | None = None
+        self.stall_timeout = stall_timeout
+        self.on_stall = on_stall
+        self._progress_dir: str | None = None
+        self._watch = StallWatch(stall_timeout) if stall_timeout else None
+        self._stalled: dict[int, float] = {}   # rank -> seconds behind, once stopped as stuck
+        self._next_progress_read = 0.0
 
     def request_stop(self, reason: str, signum: int = signal.SIGTERM) -> None:
         """Ask the run loop to stop every rank (safe from a signal handler or thread)."""
@@ -66,6 +82,10 @@ class Supervisor:
     def start(self) -> None:
         if self.log_dir:
             os.makedirs(self.log_dir, exist_ok=True)
+        if self._watch is not None:
+            self._progress_dir = tempfile.mkdtemp(prefix="dslaunch-progress-")
+            self.specs = [dataclasses.replace(spec, env={**spec.env, PROGRESS_VARIABLE: progress_path(
+                self._progress_dir, spec.rank)}) for spec in self.specs]
         for spec in self.specs:
             log = open(os.path.join(self.log_dir, f"rank_{spec.rank}.log"), "a", encoding="utf-8") \
                 if self.log_dir else None
@@ -91,7 +111,8 @@ class Supervisor:
             stopped = [] if stop is None else self._stop_running(stop, exits.keys() | {p.spec.rank for p, _ in ended})
             _join_readers([proc for proc, _ in ended], timeout=DRAIN_SECONDS)
             for proc, code in ended:
-                done = RankExit(proc.spec.rank, proc.spec.local_rank, code, tuple(proc.tail), self.host)
+                done = RankExit(proc.spec.rank, proc.spec.local_rank, code, tuple(proc.tail), self.host,
+                                stalled_s=self._stalled.get(proc.spec.rank))
                 exits[done.rank] = done
                 self.on_exit(done)
                 if not done.ok and first_failure is None:
@@ -99,6 +120,8 @@ class Supervisor:
             if stop is not None:
                 self._report_stopped(stopped, exits)
                 break
+            if self._watch is not None and not ended:
+                self._watch_progress(exits)
             time.sleep(POLL_SECONDS)
         self._close_logs()
         stopped_by = self._stop_request[0] if self._stop_request and first_failure is None else None
@@ -131,6 +154,43 @@ class Supervisor:
         for log in self._logs:
             if log is not None:
                 log.close()
+        if self._progress_dir is not None:
+            shutil.rmtree(self._progress_dir, ignore_errors=True)
+
+    # ---- --stall_timeout ----------------------------------------------------------------------
+    def _watch_progress(self, exits: dict[int, RankExit]) -> None:
+        now = time.monotonic()
+        if now < self._next_progress_read or self._stalled:
+            return
+        self._next_progress_read = now + PROGRESS_POLL_SECONDS
+        for proc in self.procs:
+            reading = read_progress(progress_path(self._progress_dir, proc.spec.rank))
+            if reading is not None and proc.spec.rank not in exits:
+                self._watch.observe(proc.spec.rank, reading[0], reading[1], now)
+        stall = self._watch.stuck(now)
+        if stall is not None:
+            self._stop_stuck(stall, exits)
+
+    def _stop_stuck(self, stall: Stall, exits: dict[int, RankExit]) -> None:
+        """Name the stuck rank, have every rank here print its stack, then kill the stuck one."""
+        where = f"rank {stall.rank}" + (f" on {self.host}" if self.host else "")
+        step = f"after step {stall.step}" if stall.step >= 0 else "in its first step"
+        went = "in the same step" if stall.others_step == stall.step else f"to step {stall.others_step}"
+        self.on_stall(f"{where} is stuck {step}: no progress for {stall.behind_s:.0f} s while the other ranks "
+                      f"went on ({went}; --stall_timeout {self.stall_timeout:g}); "
+                      f"the Python stack of every rank{' on ' + self.host if self.host else ''} follows")
+        running = [p for p in self.procs if p.spec.rank not in exits and p.popen.poll() is None]
+        for proc in running:   # only ranks that reported progress registered faulthandler on SIGUSR1
+            if os.path.exists(progress_path(self._progress_dir, proc.spec.rank)):
+                try:
+                    os.kill(proc.popen.pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+        time.sleep(STACKS_SECONDS)   # the stacks come through the ranks' stderr threads meanwhile
+        self._stalled[stall.rank] = stall.behind_s
+        stuck = next((p for p in running if p.spec.rank == stall.rank), None)
+        if stuck is not None and stuck.popen.poll() is None:
+            stuck.popen.kill()
 
 
 def _kill(popen) -> tuple[int, int | None]:

@@ -47,6 +47,7 @@ class LaunchOptions:
     remote_python: str | None = None
     workdir: str | None = None
     heartbeat_timeout: float = 10.0
+    stall_timeout: float | None = None  # a rank without progress this long while its peers go on is stuck
     no_preflight: bool = False
     force_multi: bool = False       # DeepSpeed's: start agents (ssh/pdsh) even for this machine alone
     max_restarts: int = 0           # whole-job restarts after a failure (control/restarts.py)
@@ -106,6 +107,7 @@ class JobPlan:
     preflight: bool = False  # agents check their nodes before any rank starts (multi-node)
     bind_cores: bool = False  # --bind_cores_to_rank: the agents split their node's cores by local rank
     output: str = "all"       # --output: all, rank0, failures, none (launcher/output_modes.py)
+    stall_timeout: float | None = None   # --stall_timeout: the node supervisors watch the ranks' progress
 
 
 def build_plan(hosts: list[Host] | None, options: LaunchOptions, machine: Machine) -> JobPlan:
@@ -154,7 +156,8 @@ def build_plan(hosts: list[Host] | None, options: LaunchOptions, machine: Machin
                    log_dir=options.log_dir, heartbeat_timeout=options.heartbeat_timeout,
                    env_files=machine.env_files_used, notes=tuple(notes),
                    preflight=launcher != "local" and not options.no_preflight,
-                   bind_cores=options.bind_cores_to_rank, output=options.output)
+                   bind_cores=options.bind_cores_to_rank, output=options.output,
+                   stall_timeout=options.stall_timeout)
 
 
 def _check_options(options: LaunchOptions) -> None:
@@ -173,6 +176,9 @@ def _check_options(options: LaunchOptions) -> None:
         raise UsageError(f"--master_port {options.master_port} is not a port", hint="use 1-65535, or 0 for a free one")
     if options.heartbeat_timeout <= 0:
         raise UsageError("--heartbeat_timeout must be > 0")
+    if options.stall_timeout is not None and options.stall_timeout <= 0:
+        raise UsageError(f"--stall_timeout must be > 0 (got {options.stall_timeout:g})",
+                         hint="leave it out to turn the stall watch off")
     if options.output not in OUTPUT_MODES:
         raise UsageError(f"unknown --output mode '{options.output}'", hint="choose one of: " + ", ".join(OUTPUT_MODES))
 

@@ -53,6 +53,9 @@ def resolve_tag(checkpoint_dir: str, tag: str | None) -> str | None:
 
 def tag_dir(checkpoint_dir: str, tag: str) -> str:
     path = os.path.join(checkpoint_dir, tag)
+    previous = os.path.join(checkpoint_dir, f".{tag}.old")   # a save of the same tag killed mid-swap
+    if not os.path.isfile(os.path.join(path, METADATA)) and os.path.isfile(os.path.join(previous, METADATA)):
+        return previous
     if not os.path.isfile(os.path.join(path, METADATA)):
         if not os.path.isdir(checkpoint_dir):
             raise CheckpointError(f"checkpoint directory not found: {checkpoint_dir}",

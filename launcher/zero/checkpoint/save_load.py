@@ -2,7 +2,10 @@
 
 Save: every rank writes its shard into ``save_dir/.<tag>.partial``; after a barrier rank 0 adds
 the metadata, renames the folder to ``<tag>`` and only then rewrites ``latest`` (by rename), so a
-crash at any point leaves the previous checkpoint and ``latest`` intact. Load: each rank reads
+kill at any point leaves the previous checkpoint and ``latest`` intact (re-saving a tag moves the
+old folder to ``.<tag>.old`` first, which a load of that tag falls back to). A write that fails
+(a full disk) fails on every rank alike: a CheckpointError naming the folder, the bytes the
+checkpoint needs and those free; the partial folder is removed, the last checkpoint untouched. Load: each rank reads
 only the shards that overlap its own fragments (its own shard when nothing changed).
 """
 from __future__ import annotations
@@ -34,27 +37,75 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None =
     prefix = fmt.tensor_prefix(tensor.rank, tensor.size)
     lead = rank == 0 and tensor.rank == 0      # one rank of the whole job makes and publishes the folder
     partial = os.path.join(save_dir, f".{tag}.partial")
+    problem = None
     if lead:
         shutil.rmtree(partial, ignore_errors=True)
-        os.makedirs(partial)
-    job_barrier(engine)
+        problem = _attempt(save_dir, partial, 0, lambda: os.makedirs(partial))
+    _agree_or_raise(engine, problem, partial, lead)
     fragments = _global_names(engine, engine.strategy.fragments())
-    torch.save(_shard(engine, fragments), os.path.join(partial, fmt.shard_name(rank, prefix)))
+    shard = _shard(engine, fragments)
+    problem = _attempt(save_dir, partial, _bytes_of(shard),
+                       lambda: torch.save(shard, os.path.join(partial, fmt.shard_name(rank, prefix))))
     listings = _all_gather_object(engine, [[f.name, f.param_start, f.numel] for f in fragments])
     module_state = engine.strategy.module_state_dict()  # collective at stage 3
     if exclude_frozen_parameters:
         frozen = {name for name, param in engine.module.named_parameters() if not param.requires_grad}
         module_state = {key: value for key, value in module_state.items() if key not in frozen}
-    if rank == 0:       # data rank 0 of each tensor rank
-        torch.save(_model_states(engine, module_state, client_state or {}),
-                   os.path.join(partial, prefix + fmt.MODEL_STATES))
-        with open(os.path.join(partial, fmt.metadata_name(tensor.rank)), "w", encoding="utf-8") as handle:
-            json.dump(_metadata(engine, listings), handle, indent=1)
-    job_barrier(engine)
-    if lead:
-        _publish(save_dir, partial, tag, save_latest)
-    job_barrier(engine)
+    if rank == 0 and problem is None:       # data rank 0 of each tensor rank
+        states = _model_states(engine, module_state, client_state or {})
+
+        def write_states():
+            torch.save(states, os.path.join(partial, prefix + fmt.MODEL_STATES))
+            with open(os.path.join(partial, fmt.metadata_name(tensor.rank)), "w", encoding="utf-8") as handle:
+                json.dump(_metadata(engine, listings), handle, indent=1)
+        problem = _attempt(save_dir, partial, _bytes_of(states) + _bytes_of(shard), write_states)
+    _agree_or_raise(engine, problem, partial, lead)
+    if lead:   # a full disk can still refuse the few bytes of 'latest': the save then fails on every rank
+        problem = _attempt(save_dir, partial, len(tag), lambda: _publish(save_dir, partial, tag, save_latest))
+    _agree_or_raise(engine, problem, partial, lead)
     return True
+
+
+def _attempt(save_dir: str, partial: str, needed: int, write) -> str | None:
+    """Run ``write``; an OSError (a full disk, a read-only folder) as one sentence, else None."""
+    try:
+        write()
+        return None
+    except (OSError, RuntimeError) as error:   # torch.save reports a failed write as a RuntimeError
+        try:
+            free = shutil.disk_usage(save_dir).free
+        except OSError:
+            free = -1
+        if isinstance(error, OSError) and error.errno:
+            reason = os.strerror(error.errno)
+        elif 0 <= free < max(needed, 1) or "unexpected pos" in str(error) or "iostream" in str(error):
+            reason = "the file system is full"   # torch's words for it: "unexpected pos", "iostream error"
+        else:
+            reason = str(error).splitlines()[0]
+        return (f"cannot write checkpoint into {partial}: {reason}; this rank's part needs about {needed} bytes, "
+                f"{free if free >= 0 else 'an unknown number of'} bytes are free")
+
+
+def _agree_or_raise(engine, problem: str | None, partial: str, lead: bool) -> None:
+    """A barrier that also ends the save on every rank alike when any rank could not write."""
+    problems = [p for p in _all_gather_object(engine, problem or "", whole_job=True) if p]
+    if not problems:
+        return
+    if lead:
+        shutil.rmtree(partial, ignore_errors=True)   # the last complete checkpoint and `latest` stay as they are
+    raise CheckpointError(problems[0], hint="free space there (or save elsewhere); the last complete checkpoint "
+                                            "and 'latest' are unchanged")
+
+
+def _bytes_of(value) -> int:
+    """Bytes of the tensors in a nested structure: about what torch.save writes."""
+    if torch.is_tensor(value):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_bytes_of(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_bytes_of(v) for v in value)
+    return 0
 
 
 def _shard(engine, fragments) -> dict:
@@ -304,14 +355,17 @@ def job_barrier(engine) -> None:
         _barrier(engine)
 
 
-def _all_gather_object(engine, value) -> list:
-    """Every rank's JSON-able `value`, as JSON bytes in tensors.
+def _all_gather_object(engine, value, whole_job: bool = False) -> list:
+    """Every rank's JSON-able `value`, as JSON bytes in tensors (of the whole job with ``whole_job``:
+    under tensor parallelism the engine's group is one tensor rank's data ranks).
 
     torch's all_gather_object needs numpy (an optional dependency of torch) to decode.
     """
-    if engine.dist_context.world_size == 1:
-        return [value]
     device, group, world = engine.dist_context.device, engine.dist_context.group, engine.dist_context.world_size
+    if whole_job and engine.tensor_parallel.size > 1:
+        group, world = None, dist.get_world_size()
+    if world == 1:
+        return [value]
     data = torch.tensor(list(json.dumps(value).encode()), dtype=torch.uint8, device=device)
     length = torch.tensor([data.numel()], dtype=torch.int64, device=device)
     lengths = [torch.zeros_like(length) for _ in range(world)]

@@ -45,6 +45,16 @@ def check_without_model(config: ZeroConfig) -> None:
         _check_scheduler(config.scheduler)
 
 
+def check_optimizer_section(config: ZeroConfig) -> None:
+    """The config's optimizer section alone (``initialize`` checks it before the rendezvous)."""
+    _check_optimizer(config.optimizer, config.zero_stage, config.zero_allow_untested_optimizer)
+
+
+def check_scheduler_section(config: ZeroConfig) -> None:
+    """The config's scheduler section alone."""
+    _check_scheduler(config.scheduler)
+
+
 def _check_optimizer(spec: NamedConfig, stage: int, allow_untested: bool) -> None:
     name = spec.type.lower()
     if name in NOT_AVAILABLE:

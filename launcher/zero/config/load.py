@@ -209,11 +209,39 @@ def _named(value: Any, key: str) -> NamedConfig:
 def no_effect_notes(config: ZeroConfig) -> list[str]:
     """One line for each setting that loads but changes nothing here, for the engine to print."""
     notes = [f"config section '{name}' is accepted but has no effect in this engine" for name in config.unsupported]
+    notes += [f"config key '{key}' ({'set' if dataclasses.is_dataclass(value) else repr(value)}) is accepted "
+              "but has no effect in this engine" for key, value in _set_without_effect(config, "")]
+    for section in ("offload_optimizer", "offload_param"):
+        offload = getattr(config.zero_optimization, section)
+        if offload is not None and offload.device == "nvme":
+            what = "optimizer states" if section == "offload_optimizer" else "parameters"
+            notes.append(f"zero_optimization.{section}.device 'nvme': NVMe offload is not built; the {what} are "
+                         f"kept in host memory instead (nvme_path {offload.nvme_path} is not used), so size the "
+                         "host's memory for them as for device 'cpu' (dslaunch estimate counts them so)")
     offload = config.zero_optimization.offload_optimizer
     if config.zero_optimization.offload_optimizer_active and offload.ratio < 1.0:
         notes.append(f"zero_optimization.offload_optimizer.ratio {offload.ratio} (partial offload) has no effect "
                      "in this engine: every optimizer state is offloaded, as with ratio 1.0")
     return notes
+
+
+def _set_without_effect(section: Any, prefix: str) -> list[tuple[str, Any]]:
+    """(key, value) of every key documented as accepted-only that the config sets off its default."""
+    found = []
+    for f in dataclasses.fields(section):
+        meta = f.metadata
+        if meta.get("kind") == "internal":
+            continue
+        value = getattr(section, f.name)
+        if meta.get("kind") == "section" and dataclasses.is_dataclass(value) and not meta["doc"].startswith("accepted"):
+            found += _set_without_effect(value, f"{prefix}{f.name}.")
+            continue
+        if not str(meta.get("doc", "")).startswith("accepted"):
+            continue
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        if value != default:
+            found.append((f"{prefix}{f.name}", value))
+    return found
 
 
 # ---- rules that involve more than one key ---------------------------------------------------

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.zero.engine import failure
+from launcher.zero.config.checks import check_optimizer_section, check_scheduler_section
 from launcher.zero.config.load import load_config, no_effect_notes
 from launcher.zero.distributed.context import DistContext, context_from_group, init_distributed
 from launcher.zero.engine.zero_engine import EngineParts, TensorParallelInfo, ZeroEngine
@@ -39,7 +40,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     ``process_group``: run on this group instead of starting torch.distributed from the env.
     """
     environ = dict(os.environ)   # the rank's environment, read once here and passed on
-    failure.install(_rank_of(environ), environ)
+    failure.install_from_env(environ)
     if model is None:
         raise ConfigError("zero.initialize: model is required", hint="zero.initialize(model=model, config=...)")
     source = _config_source(config, config_params, args, environ.get("DSLAUNCH_CONFIG"))
@@ -49,10 +50,10 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
         refuse_in_pipeline(model)
 
         return initialize_pipeline(model, optimizer, lr_scheduler, source, training_data, collate_fn)
+    _check_before_rendezvous(source, environ, optimizer, lr_scheduler, mpu, process_group)
     dist_context = context_from_group(process_group) if process_group is not None else init_distributed(env=environ)
-    if mpu is not None:
-        dist_context = _data_parallel_context(mpu, dist_context)
-    cfg = load_config(source, world_size=dist_context.world_size)
+    dist_context = _data_parallel_context(mpu, dist_context) if mpu is not None else dist_context
+    cfg = load_config(source, world_size=dist_context.world_size)   # its errors name the file, as before
     check_autotp_size(cfg.unsupported, mpu.get_model_parallel_world_size() if mpu is not None else 1)
     precision = precision_policy(cfg)
     model.to(device=dist_context.device, dtype=precision.param_dtype)
@@ -136,9 +137,22 @@ def _ready_and_compiled(engine: ZeroEngine, monitor: Monitor, param_count: int) 
         engine.compile(section.backend, section.kwargs)
 
 
-def _rank_of(environ: dict[str, str]) -> int:
-    value = environ.get("RANK", "0")
-    return int(value) if value.isdigit() else 0
+def _check_before_rendezvous(source, environ: dict[str, str], optimizer, lr_scheduler, mpu, process_group) -> None:
+    """The config parsed and checked as far as it can be without a process group.
+
+    Before the rendezvous: a typo is then one message from every rank alike, never a rank that
+    fails on the store its peer took down when it exited on the typo.
+
+    Keys and values always; the optimizer and scheduler sections where no object replaces them;
+    the batch triplet where the launcher's WORLD_SIZE is the data-parallel size (no mpu or group).
+    """
+    world_size = environ.get("WORLD_SIZE", "1")
+    known_size = mpu is None and process_group is None and world_size.isdigit() and int(world_size) >= 1
+    cfg = load_config(source, world_size=int(world_size) if known_size else None)
+    if optimizer is None and cfg.optimizer is not None:
+        check_optimizer_section(cfg)
+    if lr_scheduler is None and cfg.scheduler is not None:
+        check_scheduler_section(cfg)
 
 
 def _tensor_parallel_info(mpu, model) -> TensorParallelInfo:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+import launcher.zero.progress as rank_progress   # --stall_timeout
 from launcher.zero.config.schema import ZeroConfig
 from launcher.zero.distributed.context import DistContext
 from launcher.zero.engine.accessors import EngineAccessors
@@ -134,6 +135,7 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
             return self._forward(*args, **kwargs)
 
     def _forward(self, *args, **kwargs):
+        rank_progress.reached(self.global_steps)   # --stall_timeout: a rank stuck in here falls behind
         self.progress.timers.start("forward")
         if self.zero_config.fp16.enabled and self.zero_config.fp16.auto_cast:
             args, kwargs = _cast_floats(args, torch.float16), _cast_floats(kwargs, torch.float16)
@@ -153,6 +155,7 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
             return self._backward(loss, retain_graph, scale_wrt_gas)
 
     def _backward(self, loss: torch.Tensor, retain_graph: bool, scale_wrt_gas: bool) -> torch.Tensor:
+        rank_progress.reached(self.global_steps)
         self.progress.timers.start("backward")
         self.progress.add_loss(loss)
         if scale_wrt_gas and self.gradient_accumulation_steps() > 1:
@@ -184,6 +187,7 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
     def step(self, lr_kwargs: dict | None = None) -> None:
         """On an accumulation boundary: update (or skip on non-finite gradients), step the scheduler."""
         self._step_applied = False
+        rank_progress.reached(self.global_steps)
         if self.is_gradient_accumulation_boundary():
             self.progress.timers.start("step")
             self.watch.step_begins()

@@ -14,12 +14,16 @@ reaches what a module needs, and makes the caller's CUDA stream wait for the cop
 
 Anything that reads parameters or optimizer state outside the forward (checkpoints,
 state_dict, backward's next step, destroy) calls ``wait`` first, which also re-raises an
-exception the worker thread hit.
+exception the worker thread hit. A script that ends right after ``step()`` makes no such call:
+an exit hook then raises the step's exception as an uncaught one (the rank's failure hook
+says it) and ends the rank with a non-zero code, instead of losing it with exit code 0.
 """
 from __future__ import annotations
 
+import atexit
 import bisect
 import os
+import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
@@ -57,6 +61,7 @@ class StepOverlap:
         self._worker: int | None = None
         #: a side stream for uploads a strategy issues itself (stage 3); None on the CPU
         self.stream = torch.cuda.Stream(device=device) if self.cuda else None
+        atexit.register(self._check_at_exit)
 
     @property
     def busy(self) -> bool:
@@ -147,10 +152,21 @@ class StepOverlap:
 
     def close(self) -> None:
         """Wait for the step (errors included) and stop the worker thread."""
+        atexit.unregister(self._check_at_exit)
         try:
             self.wait()
         finally:
             self._pool.shutdown(wait=True)
+
+    def _check_at_exit(self) -> None:
+        """At interpreter exit (the pool's thread has ended by then): a step's error fails the rank."""
+        try:
+            self.wait()
+        except BaseException as error:   # noqa: BLE001 -- any exception of the step is the rank's failure
+            sys.excepthook(type(error), error, error.__traceback__)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)   # an exception in an atexit hook would leave the exit code at 0
 
 
 class FirstUseOrder:

@@ -145,3 +145,22 @@ def test_a_checkpoint_saved_right_after_step_resumes_to_the_same_bits(stage, tmp
     plain, overlapped = results
     for key in plain:
         assert torch.equal(plain[key], overlapped[key]), key
+
+
+def test_a_background_step_error_fails_a_script_that_ends_right_after_step(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "ends_after_step.py"
+    script.write_text(
+        "from tests.unit.zero.test_offload_overlap import build, micro_steps\n"
+        "engine = build(2, True, fail_at_step=1)\n"
+        "micro_steps(engine, 2)   # one optimizer step (2 micro steps), then the script ends\n"
+        "print('script ended', flush=True)\n")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240,
+                          cwd=root, env={**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1"})
+    assert "script ended" in done.stdout
+    assert done.returncode != 0, done.stderr
+    assert "host step 1 failed" in done.stderr

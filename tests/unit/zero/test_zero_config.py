@@ -150,3 +150,29 @@ def test_progress_line_is_one_parsable_line_with_total_eta_and_rates():
     assert line == ("progress step=20/150 loss=2.8756 lr=1.0000e-03 loss_scale=1 skipped=0 samples/s=123.4 "
                     "tokens/s=7898 elapsed=5s eta=33s")
     assert progress_line(7, None, {"loss": None}, 2.0, None, 3725.0) == "progress step=7 samples/s=2.0 elapsed=1h02m"
+
+
+def test_nvme_offload_says_host_memory_is_used_and_the_estimate_counts_it_as_cpu():
+    from launcher.zero.config.load import load_config, no_effect_notes
+
+    cfg = load_config({"train_batch_size": 2, "zero_optimization": {
+        "stage": 3, "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme"},
+        "offload_param": {"device": "nvme", "nvme_path": "/local_nvme"}}})
+    notes = [note for note in no_effect_notes(cfg) if "'nvme'" in note]
+    assert len(notes) == 2
+    assert "optimizer states are kept in host memory instead" in notes[0] and "/local_nvme" in notes[0]
+    assert "parameters are kept in host memory instead" in notes[1]
+    assert cfg.zero_optimization.offload_optimizer_active   # what the estimator and the placement read
+
+
+def test_every_accepted_key_without_effect_is_named_once_and_defaults_are_not():
+    from launcher.zero.config.load import load_config, no_effect_notes
+
+    cfg = load_config({"train_batch_size": 2, "sparse_gradients": True,
+                       "zero_optimization": {"stage": 2, "legacy_stage1": True, "memory_efficient_linear": True},
+                       "bf16": {"enabled": True, "immediate_grad_update": True}})
+    notes = no_effect_notes(cfg)
+    named = sorted(note.split("'")[1] for note in notes if note.startswith("config key"))
+    assert named == ["bf16.immediate_grad_update", "sparse_gradients", "zero_optimization.legacy_stage1"]
+    assert len(notes) == len(set(notes))
+    assert no_effect_notes(load_config({"train_batch_size": 2})) == []

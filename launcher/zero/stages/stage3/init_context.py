@@ -52,6 +52,9 @@ class Init:
                  mem_efficient_linear: bool = True, remote_device: str | None = None, pin_memory: bool = False,
                  config_dict_or_path: Any = None, config: Any = None, enabled: bool = True,
                  dtype: torch.dtype | None = None, mpu: Any = None, device: torch.device | str | None = None):
+        from launcher.zero.engine import failure
+
+        failure.install_from_env()   # its config error is one message for the job, as initialize's
         if mpu is not None:
             raise ConfigError("zero.Init: model parallelism (mpu) is not supported", hint="remove mpu=")
         self.enabled = enabled

@@ -1,0 +1,50 @@
+"""A rank's progress, for ``dslaunch --stall_timeout``: a counter its node's supervisor reads.
+
+The launcher names a file per rank in ``DSLAUNCH_PROGRESS_FILE``; the rank rewrites one line
+there, ``"<events> <step>\\n"``, where *events* counts the engine's forward, backward and step
+calls (so a rank stuck inside a step is behind peers that went on to wait in its all-reduce)
+and *step* is the optimizer step to name in the report. A plain script calls ``beat()``.
+Opening the file also registers ``faulthandler`` on SIGUSR1, so the supervisor can ask every
+rank for its Python stack: it sends SIGUSR1 only to ranks whose file exists. Torch-free; a
+no-op (one environment read) without the launcher's variable.
+"""
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+
+ENV_VARIABLE = "DSLAUNCH_PROGRESS_FILE"
+_state = {"fd": None, "events": 0, "opened": False}
+
+
+def _open() -> int | None:
+    _state["opened"] = True
+    path = os.environ.get(ENV_VARIABLE)
+    if not path:
+        return None
+    try:
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__ or sys.stderr, all_threads=True, chain=False)
+        _state["fd"] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    except (OSError, ValueError, AttributeError, RuntimeError):   # no file system, no SIGUSR1: no progress
+        _state["fd"] = None
+    return _state["fd"]
+
+
+def reached(step: int = -1) -> None:
+    """One more event (a forward, backward or step call; a script's heartbeat) at optimizer step ``step``."""
+    fd = _state["fd"] if _state["opened"] else _open()
+    if fd is None:
+        return
+    _state["events"] += 1
+    line = f"{_state['events']} {step}\n".ljust(40).encode()   # fixed width: no stale tail after a rewrite
+    try:
+        os.pwrite(fd, line, 0)
+    except OSError:
+        pass
+
+
+def beat(step: int = -1) -> None:
+    """For a plain script (no engine): report progress, e.g. once per training step."""
+    reached(step)
