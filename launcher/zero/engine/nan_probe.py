@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from launcher.zero.engine.plain_backward import tensors_in
+
 
 @dataclass(frozen=True)
 class Finding:
@@ -37,19 +39,8 @@ class Finding:
         return text
 
 
-def _tensors(value):
-    if torch.is_tensor(value):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _tensors(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _tensors(item)
-
-
 def _non_finite(value) -> bool:
-    return any(t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()) for t in _tensors(value))
+    return any(t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()) for t in tensors_in(value))
 
 
 def _own_parameters(module: torch.nn.Module, prefix: str):
@@ -109,7 +100,7 @@ def _probe(module, inputs, rank, loss_factor, backward) -> Finding | None:
 
 def _scalar(output) -> torch.Tensor | None:
     """The loss to differentiate: the output if it is one number, else the sum of its float tensors."""
-    tensors = [t for t in _tensors(output) if t.is_floating_point() and t.requires_grad]
+    tensors = [t for t in tensors_in(output) if t.is_floating_point() and t.requires_grad]
     if not tensors:
         return None
     if len(tensors) == 1 and tensors[0].numel() == 1:

@@ -43,7 +43,7 @@ class BackwardHooks:
         if not torch.is_grad_enabled():
             return
         self._running = None   # a plain backward that raised midway never reached its epilogue
-        for tensor in _tensors(output):
+        for tensor in tensors_in(output):
             if tensor.requires_grad and tensor.is_floating_point():
                 tensor.register_hook(self._on_output_grad)
 
@@ -65,15 +65,16 @@ class BackwardHooks:
         self.epilogue(bool(boundary))
 
 
-def _tensors(value: Any):
+def tensors_in(value: Any):
+    """Every tensor in a (nested) output: lists, tuples, dicts and dataclasses (HF's ModelOutput)."""
     if torch.is_tensor(value):
         yield value
     elif isinstance(value, (list, tuple)):
         for item in value:
-            yield from _tensors(item)
+            yield from tensors_in(item)
     elif isinstance(value, dict):
         for item in value.values():
-            yield from _tensors(item)
+            yield from tensors_in(item)
     elif hasattr(value, "__dataclass_fields__"):
         for name in value.__dataclass_fields__:
-            yield from _tensors(getattr(value, name))
+            yield from tensors_in(getattr(value, name))
