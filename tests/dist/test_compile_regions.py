@@ -26,7 +26,7 @@ def run(stage, backend, rank):
     import torch
     from launcher import zero
     from launcher.zero.engine.compiling import CompileSettings, compile_for_strategy, compile_stats
-    from tests.helpers.gpt import GPT, GPTConfig
+    from tests.helpers.gpt import GPT, GPTConfig, train_on_random_tokens
 
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()   # per run: the stats below are this run's
@@ -36,14 +36,7 @@ def run(stage, backend, rank):
     compiled = None
     if backend:
         compiled = compile_for_strategy(engine.module, engine.strategy, CompileSettings(backend=backend))
-    gen = torch.Generator().manual_seed(100 + rank)
-    losses = []
-    for _ in range(STEPS):
-        tokens = torch.randint(0, 96, (2, 17), generator=gen)
-        loss = engine(tokens[:, :-1], tokens[:, 1:])
-        engine.backward(loss)
-        engine.step()
-        losses.append(float(loss))
+    losses = train_on_random_tokens(engine, rank, STEPS)
     held = sum(p.numel() for p in engine.module.parameters() if getattr(p, "ds_state", None) is not None)
     weights = {k: v.float().clone() for k, v in engine.module_state_dict().items()}
     engine.destroy()
@@ -68,7 +61,7 @@ def main():
 
 def run_untrained_weights():
     import torch
-    from tests.helpers.gpt import GPT, GPTConfig
+    from tests.helpers.gpt import GPT, GPTConfig, train_on_random_tokens
 
     torch.manual_seed(0)
     return {k: v.float() for k, v in GPT(GPTConfig(n_layer=3, n_embd=32, n_head=4, seq_len=16,

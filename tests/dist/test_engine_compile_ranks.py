@@ -32,7 +32,7 @@ def run(stage, how, rank):
     import torch
     from launcher import zero
     from launcher.zero.engine.compiling import compile_stats
-    from tests.helpers.gpt import GPT, GPTConfig
+    from tests.helpers.gpt import GPT, GPTConfig, train_on_random_tokens
 
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
@@ -46,14 +46,7 @@ def run(stage, how, rank):
     if how is not None:
         engine.compile(backend="eager")   # a second call changes nothing (DeepSpeed's rule)
     same_regions = (engine._compiled.regions if engine._compiled is not None else []) == regions
-    gen = torch.Generator().manual_seed(100 + rank)
-    losses = []
-    for _ in range(STEPS):
-        tokens = torch.randint(0, 96, (2, 17), generator=gen)
-        loss = engine(tokens[:, :-1], tokens[:, 1:])
-        engine.backward(loss)
-        engine.step()
-        losses.append(float(loss))
+    losses = train_on_random_tokens(engine, rank, STEPS)
     weights = {k: v.float().clone() for k, v in engine.module_state_dict().items()}
     engine.destroy()
     replaced_after = sum("forward" in m.__dict__ for m in model.modules())

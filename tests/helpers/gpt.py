@@ -118,3 +118,18 @@ def flops_per_token(config: GPTConfig) -> float:
     d, layers = config.n_embd, config.n_layer
     matmul_params = layers * 12 * d * d + config.vocab_size * d
     return 6.0 * matmul_params + 12.0 * layers * d * config.seq_len
+
+
+def train_on_random_tokens(engine, rank: int, steps: int, batch: int = 2) -> list[float]:
+    """``steps`` engine steps of next-token loss on random tokens seeded per rank (as a tutorial
+    script does); the losses. The sequence and vocabulary come from the engine's module's config."""
+    config = engine.module.config
+    gen = torch.Generator().manual_seed(100 + rank)
+    losses = []
+    for _ in range(steps):
+        tokens = torch.randint(0, config.vocab_size, (batch, config.seq_len + 1), generator=gen)
+        loss = engine(tokens[:, :-1], tokens[:, 1:])
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss))
+    return losses
