@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.recorded import FP32_TOLERANCE, assert_losses_match, recorded, replay
+from tests.helpers.recorded import FP32_TOLERANCE, assert_losses_match, recorded, replay, straight_run
 from tests.scripts.hf.tiny_data import StrideTokens, mean_loss
 
 STAGES = [0, 1, 2, 3]
@@ -17,10 +17,7 @@ RESUME_STAGES = [3]   # partitioned parameters, the hardest to restore; the Trai
 
 @pytest.fixture(scope="module", params=STAGES, ids=lambda stage: f"zero{stage}")
 def straight(request, tmp_path_factory):
-    stage = request.param
-    folder = tmp_path_factory.mktemp(f"accelerate_zero{stage}")
-    (ours,) = replay(f"accelerate_zero{stage}", folder)
-    return stage, folder, ours, recorded(f"accelerate_zero{stage}")["runs"][0]["report"]
+    return (request.param, *straight_run(f"accelerate_zero{request.param}", tmp_path_factory))
 
 
 def test_every_step_loss_and_the_eval_loss_match_deepspeed(straight):

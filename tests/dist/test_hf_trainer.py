@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers.recorded import FP32_TOLERANCE, assert_losses_match, losses_by_step, recorded, replay
+from tests.helpers.recorded import FP32_TOLERANCE, assert_losses_match, losses_by_step, recorded, replay, straight_run
 from tests.scripts.hf.tiny_data import StrideTokens, mean_loss
 
 STAGES = [0, 1, 2, 3]
@@ -22,10 +22,7 @@ EVAL_SAMPLES, EVAL_SEED, EVAL_BATCH = 32, 1235, 8   # train_clm.py's defaults an
 @pytest.fixture(scope="module", params=STAGES, ids=lambda stage: f"zero{stage}")
 def straight(request, tmp_path_factory):
     """One uninterrupted run at a ZeRO stage: (stage, its folder, our report, DeepSpeed's report)."""
-    stage = request.param
-    folder = tmp_path_factory.mktemp(f"trainer_zero{stage}")
-    (ours,) = replay(f"trainer_zero{stage}", folder)
-    return stage, folder, ours, recorded(f"trainer_zero{stage}")["runs"][0]["report"]
+    return (request.param, *straight_run(f"trainer_zero{request.param}", tmp_path_factory))
 
 
 def test_every_step_loss_and_the_eval_loss_match_deepspeed(straight):

@@ -33,6 +33,13 @@ def replay(case: str, folder: Path, timeout: float = 280) -> list[dict]:
     return reports
 
 
+def straight_run(case: str, tmp_path_factory) -> tuple[Path, dict, dict]:
+    """One uninterrupted recorded run replayed here: (its folder, our report, DeepSpeed's report)."""
+    folder = tmp_path_factory.mktemp(case)
+    (ours,) = replay(case, folder)
+    return folder, ours, recorded(case)["runs"][0]["report"]
+
+
 def losses_by_step(report: dict) -> dict[int, float]:
     return {entry["step"]: entry["loss"] for entry in report["steps"]}
 
