@@ -91,20 +91,25 @@ def versions(python: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def torchrun(python: str, args: list[str], log: Path, label: str, timeout: float) -> None:
+    """Run ``args`` on WORLD_SIZE ranks under torchrun with DeepSpeed's CPU settings; output to ``log``."""
+    argv = [python, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD_SIZE), "--master_port",
+            str(free_port()), *args]
+    with log.open("a") as sink:
+        sink.write(f"\n=== {label}: {shlex.join(argv)}\n")
+        sink.flush()
+        done = subprocess.run(argv, cwd=REPO, env={**os.environ, **ENV}, stdout=sink, stderr=subprocess.STDOUT,
+                              timeout=timeout)
+    if done.returncode != 0:
+        raise SystemExit(f"{label}: DeepSpeed run failed (exit {done.returncode}); see {log}")
+
+
 def run_case(python: str, name: str, runs: list[list[str]], log: Path) -> dict:
     recorded = []
     with tempfile.TemporaryDirectory(prefix=f"ds-{name}-") as scratch:
         for argv in runs:
             args = [a.replace("{out}", scratch) for a in argv]
-            launch = [python, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD_SIZE),
-                      "--master_port", str(free_port())]
-            with log.open("a") as sink:
-                sink.write(f"\n=== {name}: {shlex.join(launch + args)}\n")
-                sink.flush()
-                done = subprocess.run(launch + args, cwd=REPO, env={**os.environ, **ENV}, stdout=sink,
-                                      stderr=subprocess.STDOUT, timeout=900)
-            if done.returncode != 0:
-                raise SystemExit(f"{name}: DeepSpeed run failed (exit {done.returncode}); see {log}")
+            torchrun(python, args, log, name, timeout=900)
             report_path = args[args.index("--report") + 1]
             recorded.append({"args": argv, "report": json.loads(Path(report_path).read_text())})
     return {"runs": recorded}
@@ -114,15 +119,7 @@ def record_loader_order(python: str, log: Path) -> dict:
     recorded = []
     for case in LOADER_CASES:
         with tempfile.TemporaryDirectory(prefix="ds-loader-") as scratch:
-            argv = [python, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD_SIZE), "--master_port",
-                    str(free_port()), LOADER_WORKER, *case, "--out", scratch]
-            with log.open("a") as sink:
-                sink.write(f"\n=== loader_order: {shlex.join(argv)}\n")
-                sink.flush()
-                done = subprocess.run(argv, cwd=REPO, env={**os.environ, **ENV}, stdout=sink, stderr=subprocess.STDOUT,
-                                      timeout=600)
-            if done.returncode != 0:
-                raise SystemExit(f"loader_order {case}: DeepSpeed run failed (exit {done.returncode}); see {log}")
+            torchrun(python, [LOADER_WORKER, *case, "--out", scratch], log, f"loader_order {case}", timeout=600)
             ranks = [json.loads((Path(scratch) / f"rank{r}.json").read_text())["passes"] for r in range(WORLD_SIZE)]
         recorded.append({"args": case, "ranks": ranks})
     return {"cases": recorded}
@@ -136,15 +133,7 @@ def record_bf16_steps(python: str, log: Path) -> dict:
     stages = {}
     for stage in (0, 1):
         with tempfile.TemporaryDirectory(prefix="ds-bf16-") as scratch:
-            argv = [python, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD_SIZE), "--master_port",
-                    str(free_port()), BF16_WORKER, str(stage), "--out", scratch]
-            with log.open("a") as sink:
-                sink.write(f"\n=== bf16_steps: {shlex.join(argv)}\n")
-                sink.flush()
-                done = subprocess.run(argv, cwd=REPO, env={**os.environ, **ENV}, stdout=sink, stderr=subprocess.STDOUT,
-                                      timeout=600)
-            if done.returncode != 0:
-                raise SystemExit(f"bf16_steps stage {stage}: DeepSpeed run failed (exit {done.returncode}); see {log}")
+            torchrun(python, [BF16_WORKER, str(stage), "--out", scratch], log, f"bf16_steps stage {stage}", timeout=600)
             stages[str(stage)] = json.loads((Path(scratch) / "rank0.json").read_text())
     return {"stages": stages}
 
