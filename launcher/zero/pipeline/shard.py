@@ -11,8 +11,8 @@ ones with per-tensor statistics (Lamb's trust ratio) would see slices, so they a
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
+from launcher.zero.distributed.collectives import all_gather_single
 from launcher.zero.errors import ConfigError
 
 #: optimizers whose update of an element depends only on that element (and scalars)
@@ -89,8 +89,7 @@ class OptimizerShard:
         gathered = torch.empty(self.partition_numel * self.data_size, dtype=slice_.dtype, device=slice_.device)
         if self.data_size == 1:
             return gathered.copy_(slice_)
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor   # torch >= 2.13 renamed it
-        gather(gathered, slice_.contiguous(), group=group)
+        all_gather_single(gathered, slice_.contiguous(), group=group)
         return gathered
 
     # ---- checkpoints: the state saved whole (unpadded), so any data size slices its own part ----
