@@ -71,7 +71,7 @@ def train(args, kind, rank, world_size):
     from tests.helpers.gpt import GPT
 
     from launcher.zero.optim.onebit import OnebitAdam
-    from launcher.zero.optim.onebit.comm import allreduce_sent_bytes
+    from launcher.zero.optim.onebit.counted_collectives import allreduce_sent_bytes
 
     config = model_config(args.tiny)
     torch.manual_seed(0)

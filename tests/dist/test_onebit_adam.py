@@ -52,7 +52,7 @@ def worker(out_dir, backend):
 
     import launcher.zero.distributed.context  # noqa: F401  before the group exists, so it really ends at exit (see distributed/context.py)
     from launcher.zero.optim.onebit import OnebitAdam
-    from launcher.zero.optim.onebit.comm import Collectives
+    from launcher.zero.optim.onebit.counted_collectives import Collectives
 
     dist.init_process_group(backend)
     rank = dist.get_rank()
@@ -135,7 +135,7 @@ def ranks(request, tmp_path_factory):
 
 
 def replay():
-    """Both ranks in one process: the algorithm as the module docstring of adam.py states it."""
+    """Both ranks in one process: the algorithm as the module docstring of optimizer.py states it."""
     from launcher.zero.optim.onebit.compression import padded_numel, simulate_compressed_allreduce
 
     model = make_model()

@@ -29,8 +29,9 @@ def test_tensor_2_x_data_2_matches_adamw_at_every_stage():
                 assert abs(norm - ref_norm) < 1e-5 and norm > 0.05, record   # 0.05: the clip
             # the shards: 16x8/2 embedding + (8x16+16)/2 fc + 16x8/2 proj + 8 proj bias + 8x16/2 head
             assert record["local_params"] == 64 + 72 + 64 + 8 + 64, record
-            # DeepSpeed's accessors under mpu=: the tensor size, the job's rank, the data size
+            # DeepSpeed's accessors under mpu=: the tensor size, the job's rank, the data size, the job's size
             assert record["mp_world_size"] == 2 and record["dp_world_size"] == 2, record
+            assert record["world_size"] == 4, record
             assert record["global_rank"] == record["rank"], record
 
 

@@ -7,13 +7,25 @@ import torch.distributed as dist
 from launcher.zero.distributed.context import DistContext
 
 
+def all_gather_single(output: torch.Tensor, shard: torch.Tensor, group=None, async_op: bool = False):
+    """torch's fused all-gather into one tensor, by either of its names: ``all_gather_single`` from
+    torch 2.13, ``all_gather_into_tensor`` before it (torch 2.4-2.12, which we still support)."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(output, shard, group=group, async_op=async_op)
+
+
+def reduce_scatter_single(output: torch.Tensor, whole: torch.Tensor, group=None, async_op: bool = False):
+    """torch's fused reduce-scatter from one tensor, by either of its names (as all_gather_single)."""
+    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return scatter(output, whole, group=group, async_op=async_op)
+
+
 def all_gather_into(output: torch.Tensor, shard: torch.Tensor, ctx: DistContext) -> None:
     """Concatenate every rank's equal-size ``shard`` into ``output`` (rank order)."""
     if ctx.world_size == 1:
         output.copy_(shard)
         return
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    gather(output, shard.contiguous(), group=ctx.group)
+    all_gather_single(output, shard.contiguous(), group=ctx.group)
 
 
 def all_reduce_async(tensor: torch.Tensor, ctx: DistContext):

@@ -115,9 +115,14 @@ class EngineAccessors(ConfigAccessors):
 
     @property
     def world_size(self) -> int:
-        return self.dist_context.world_size
+        """Ranks in the whole job, as DeepSpeed's ``dist.get_world_size()``; under ``mpu=`` that is the
+        data-parallel size (``dp_world_size``) times the tensor-parallel size (``mp_world_size``)."""
+        return torch.distributed.get_world_size() if torch.distributed.is_initialized() else self.dist_context.world_size
 
-    dp_world_size = world_size
+    @property
+    def dp_world_size(self) -> int:
+        """The data-parallel size: the ranks this engine's ZeRO stage shards and averages over."""
+        return self.dist_context.world_size
 
     def memory_breakdown(self) -> dict[str, int]:
         """Bytes this rank holds for parameters, gradients, master weights and optimizer state."""

@@ -129,7 +129,7 @@ class StepWatch:
 
     @property
     def diagnosed(self) -> bool:
-        """Whether the job's first non-finite step has been explained (progress.py then warns less)."""
+        """Whether the job's first non-finite step has been explained (reporting.py then warns less)."""
         return self._diagnosed
 
     def progress_fields(self, samples_per_second: float) -> dict[str, str]:

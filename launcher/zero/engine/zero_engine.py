@@ -5,7 +5,7 @@ micro-step. ``step()`` updates the model only on an accumulation boundary (accum
 that update is ``_take_model_step``: gradients onto the masters, the global norm, skip or
 unscale-and-clip, the optimizer, the scheduler. Where tensors live and how they move between
 ranks is the strategy's job (stages/base.py declares every method the engine calls); what is
-printed and recorded is progress.py's; checkpoints are checkpoint/save_load.py's.
+printed and recorded is reporting.py's; checkpoints are checkpoint/save_load.py's.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from launcher.zero.engine.loss_scaler import LossScaler
 from launcher.zero.engine.monitor import Monitor
 from launcher.zero.engine.plain_backward import BackwardHooks
 from launcher.zero.engine.precision import PrecisionPolicy, skips_non_finite
-from launcher.zero.engine.progress import Progress, StepFacts
+from launcher.zero.engine.reporting import Progress, StepFacts
 from launcher.zero.engine.watch import StepWatch
 from launcher.zero.errors import ConfigError, NotSupportedError
 from launcher.zero.stages.base import DeviceNorm, ZeroStrategy, grad_factor

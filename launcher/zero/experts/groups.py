@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from launcher.zero.experts.topology import ExpertTopology
+from launcher.zero.experts.group_ranks import ExpertTopology
 
 
 @dataclass

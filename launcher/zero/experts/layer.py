@@ -25,7 +25,7 @@ from launcher.zero.errors import ConfigError
 from launcher.zero.experts import gating
 from launcher.zero.experts.dispatch import AllToAll, flat_slots, from_experts, to_experts
 from launcher.zero.experts.experts import Experts
-from launcher.zero.experts.topology import check_experts_divide, expert_group_name
+from launcher.zero.experts.group_ranks import check_experts_divide, expert_group_name
 
 NOISY_GATE_POLICIES = (None, "None", "Jitter", "RSample")
 

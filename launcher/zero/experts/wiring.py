@@ -20,7 +20,7 @@ from launcher.zero.experts import registry
 from launcher.zero.experts.groups import ExpertGroups, new_expert_groups
 from launcher.zero.experts.layer import MoE
 from launcher.zero.experts.param_groups import is_moe_param
-from launcher.zero.experts.topology import expert_topology
+from launcher.zero.experts.group_ranks import expert_topology
 
 
 @dataclass

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import torch
 
 from launcher.zero.errors import ConfigError
-from launcher.zero.layout.partition import FlatLayout, flat_layout
+from launcher.zero.layout.partition_math import FlatLayout, flat_layout
 
 
 @dataclass

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from launcher.zero.errors import ConfigError
-from launcher.zero.parallel.comm import copy_to
+from launcher.zero.parallel.regions import copy_to
 
 #: process-group backends seen without reduce_scatter (older gloo): all-reduce and keep a slice there
 _NO_REDUCE_SCATTER: set[str] = set()

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from launcher.zero.errors import ConfigError
-from launcher.zero.parallel.comm import copy_to, gather_from, reduce_from, scatter_to
+from launcher.zero.parallel.regions import copy_to, gather_from, reduce_from, scatter_to
 from launcher.zero.parallel.sequence import (SequenceParallelLayerNorm, SequenceParallelRMSNorm,
                                              gather_sequence_for_column, mark_sequence_parallel,
                                              reduce_scatter_sequence, replicated_on_sequence)

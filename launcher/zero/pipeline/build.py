@@ -6,12 +6,13 @@ gradient_accumulation_steps x data-parallel ranks``), as DeepSpeed does for pipe
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
 from launcher.zero.config.load import load_config
+from launcher.zero.distributed.context import context_from_group
 from launcher.zero.errors import ConfigError
 from launcher.zero.engine.loss_scaler import LossScaler, rules_from_config
 from launcher.zero.optim import build_optimizer
+from launcher.zero.parallel.grid import ParallelGrid
 from launcher.zero.parallel.topology import check_autotp_size
 from launcher.zero.pipeline.engine import PipelineEngine
 from launcher.zero.pipeline.module import PipelineModule
@@ -19,6 +20,7 @@ from launcher.zero.pipeline.schedule import SCHEDULES, build_schedule
 from launcher.zero.pipeline.shard import GradHolder, OptimizerShard, check_shardable
 from launcher.zero.engine.precision import precision_policy
 from launcher.zero.sched import build_scheduler
+from launcher.zero.stages.base import StrategyContext
 
 
 def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source, training_data, collate_fn):
@@ -40,6 +42,7 @@ def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source,
     precision = precision_policy(cfg)
     module.to(device=device, dtype=precision.param_dtype)
     params = [p for p in module.parameters() if p.requires_grad]
+    grid = module.grid() if module.grid() is not None else ParallelGrid(topo)
     masters = grad_holders = None
     if precision.param_dtype != torch.float32 and cfg.zero_stage == 1:
         # fp16 / bf16 at stage 1: the fp32 master is this data rank's slice alone (the shard's), the
@@ -49,15 +52,15 @@ def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source,
         masters = [torch.nn.Parameter(p.detach().float().clone()) for p in params]
     stepped = masters if masters is not None else params
     shard = None
-    if cfg.zero_stage == 1:     # the optimizer steps this data rank's slice of the stage (pipe/shard.py)
+    if cfg.zero_stage == 1:     # the optimizer steps this data rank's partition of the stage (pipeline/shard.py)
         if isinstance(optimizer, torch.optim.Optimizer):
             raise ConfigError("zero_optimization.stage 1 with pipeline parallelism builds the optimizer over this "
                               "data rank's slice, so it cannot take an optimizer already built",
                               hint="pass a callable (params -> optimizer) or an 'optimizer' config section")
         if cfg.optimizer is not None and not callable(optimizer):
             check_shardable(cfg.optimizer)
-        shard = OptimizerShard(stepped, topo.get_coord(dist.get_rank()).data if "data" in topo.get_axis_names()
-                               else 0, data_parallel_size)
+        data_context = context_from_group(grid.get_data_parallel_group(), device=device)
+        shard = OptimizerShard(stepped, StrategyContext(config=cfg, dist_context=data_context, precision=precision))
         stepped = [shard.param]
     if not stepped:
         # a stage of parameter-free layers (Tanh, reshapes) still steps a scheduler; torch.optim wants a parameter
@@ -65,9 +68,8 @@ def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source,
     optimizer = _optimizer(optimizer, stepped, cfg)
     scheduler = _scheduler(lr_scheduler, optimizer, cfg)
     scaler = LossScaler(rules_from_config(cfg.fp16, 0)) if cfg.fp16.enabled else None
-    engine = PipelineEngine(module, optimizer, scheduler, cfg, device, schedule=schedule, masters=masters,
-                            grad_holders=grad_holders,
-                            loss_scaler=scaler, shard=shard)
+    engine = PipelineEngine(module, optimizer, scheduler, cfg, device, grid, schedule=schedule, masters=masters,
+                            grad_holders=grad_holders, loss_scaler=scaler, shard=shard)
     dataloader = None
     if training_data is not None:
         # DeepSpeed's pipeline loader: the data ranks' DistributedSampler shares without shuffling, repeated

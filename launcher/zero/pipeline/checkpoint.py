@@ -47,7 +47,7 @@ def _owned_files(engine) -> dict[str, dict]:
     """The files this rank writes: its layers and tied modules (data rank 0 only), and its optimizer."""
     grid, module, files = engine.grid, engine.module, {}
     # ZeRO-1: every data rank gives its slice of the optimizer state (collective); data rank 0 writes it whole
-    optimizer = (engine.shard.full_state(engine.optimizer, grid.get_data_parallel_group()) if engine.shard is not None
+    optimizer = (engine.shard.full_state(engine.optimizer) if engine.shard is not None
                  else engine.optimizer.state_dict())
     if grid.get_data_parallel_rank() != 0:
         return files

@@ -29,10 +29,10 @@ class PipelineEngine(ConfigAccessors):
     """DeepSpeed's ``PipelineEngine`` surface: ``train_batch``, ``eval_batch``, ``grid``, counters."""
 
     def __init__(self, module: PipelineModule, optimizer, lr_scheduler, config, device: torch.device,
-                 schedule: str = "1f1b", masters: list | None = None, loss_scaler=None, shard=None,
+                 grid: ParallelGrid, schedule: str = "1f1b", masters: list | None = None, loss_scaler=None, shard=None,
                  grad_holders: list | None = None):
         self.module = module
-        #: ZeRO-1: the optimizer steps this data rank's slice of the stage (pipe/shard.py); None at stage 0
+        #: ZeRO-1: the optimizer steps this data rank's partition of the stage (shard.py); None at stage 0
         self.shard = shard
         # fp16/bf16: the optimizer steps fp32 ``masters`` (one per trainable parameter, same order)
         self.masters = masters
@@ -46,7 +46,7 @@ class PipelineEngine(ConfigAccessors):
         self.zero_config = config
         self.device = device
         self.schedule_name = schedule
-        self.grid = module.grid() if module.grid() is not None else ParallelGrid(module.topology())
+        self.grid = grid
         self.global_rank = self.grid.global_rank
         self.num_stages = self.grid.pipe_parallel_size
         self.stage_id = self.grid.stage_id
@@ -313,8 +313,7 @@ class PipelineEngine(ConfigAccessors):
                 for _, holder in self._holders():
                     holder.grad.mul_(factor)
             if self.shard is not None:
-                self.shard.step(self.optimizer, self.grid.get_data_parallel_group(),
-                                [holder.grad for _, holder in self._holders()])
+                self.shard.step(self.optimizer, [holder.grad for _, holder in self._holders()])
             else:
                 self.optimizer.step()
             if self.masters is not None:

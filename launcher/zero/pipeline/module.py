@@ -22,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from launcher.zero.errors import ConfigError
 from launcher.zero.parallel.topology import PipeDataParallelTopology, ProcessTopology
-from launcher.zero.pipeline.partition import partition_layers
+from launcher.zero.pipeline.layer_split import partition_layers
 
 
 class LayerSpec:

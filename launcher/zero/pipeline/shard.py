@@ -1,19 +1,27 @@
-"""ZeRO stage 1 inside a pipeline stage: the optimizer state partitioned over the data axis.
+"""ZeRO stage 1 inside a pipeline stage, from the data-parallel engine's stage-1 pieces.
 
-The stage's trainable fp32 tensors (the parameters, or their fp32 masters in 16-bit) are laid end
-to end in one flat buffer padded to a multiple of the data-parallel size; data rank r owns the
-contiguous slice ``[r * n, (r + 1) * n)``. The optimizer is built over that one slice, so its
-state (Adam's moments) is 1/data of the stage's. Gradients are still averaged whole over the data
-axis (the clip norm needs every one); after the step the updated slices are all-gathered and
-copied back into the tensors. Elementwise optimizers (Adam, AdamW, SGD) step exactly as unsharded;
-ones with per-tensor statistics (Lamb's trust ratio) would see slices, so they are refused.
+The stage's trainable tensors (the parameters, or their fp32 masters in 16-bit) get the flat layout
+of stages 1-2 over the data-parallel ranks (``layout.partition_math.flat_layout``: laid end to end,
+padded to a multiple of the data size); this data rank's master is its partition of one fp32 flat
+buffer (``stages.sharding.Sharded.bounds``), so the optimizer's state (Adam's moments) is 1/data of
+the stage's, and after the step ``Sharded.gather`` all-gathers the partitions into every rank's
+buffer, which is copied back into the tensors.
+
+What is the pipeline's own: gradients are averaged whole over the data axis before the step (the
+pipeline's clip norm reads every one), the tensors keep their own storage (tied weights, 16-bit
+parameters), and only elementwise optimizers (Adam, AdamW, SGD) are accepted: they step exactly as
+unsharded, while one with per-tensor statistics (Lamb's trust ratio) would see slices.
 """
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
+from launcher.zero.distributed.collectives import all_gather_into
 from launcher.zero.errors import ConfigError
+from launcher.zero.layout.flat import ParamGroup
+from launcher.zero.layout.partition_math import flat_layout
+from launcher.zero.stages.base import StrategyContext
+from launcher.zero.stages.sharding import Sharded
 
 #: optimizers whose update of an element depends only on that element (and scalars)
 ELEMENTWISE = {"adam", "adamw", "sgd", "fusedadam", "adagrad", "rmsprop"}
@@ -39,72 +47,77 @@ class GradHolder:
 
 
 class OptimizerShard:
-    """This data rank's slice of a stage's flat fp32 tensors, and the step that shares its result."""
+    """This data rank's partition of a stage's tensors as one fp32 master, and the step that shares
+    its result (``context.dist_context``: the data-parallel ranks)."""
 
-    def __init__(self, tensors: list[torch.Tensor], data_rank: int, data_size: int):
+    def __init__(self, tensors: list[torch.Tensor], context: StrategyContext):
         self.tensors = tensors
-        self.numel = sum(t.numel() for t in tensors)
-        self.data_size = data_size
-        self.partition_numel = -(-max(self.numel, 1) // data_size)
-        self.low = data_rank * self.partition_numel
-        flat = self._flat([t.detach().float() for t in tensors])
-        #: what the optimizer steps: a leaf of its own, not a view, so its state is this size
-        self.param = torch.nn.Parameter(flat[self.low:self.low + self.partition_numel].clone())
+        self.dist_context = context.dist_context
+        names = [str(index) for index in range(len(tensors))]
+        layout = flat_layout(names, [tuple(t.shape) for t in tensors], self.dist_context.world_size)
+        self.group = ParamGroup(index=0, names=names, params=tensors, layout=layout, dist_context=self.dist_context)
+        self.sharding = Sharded(context)
+        self.low, self.high = self.sharding.bounds(self.group)
+        device = tensors[0].device if tensors else self.dist_context.device
+        self.buffer = torch.zeros(layout.padded_numel, dtype=torch.float32, device=device)
+        #: what the optimizer steps: this rank's partition of the buffer, so its state is this size
+        self.param = torch.nn.Parameter(self.buffer[self.low:self.high])
+        self.refresh()
+
+    @property
+    def numel(self) -> int:
+        return self.group.layout.numel
+
+    @property
+    def partition_numel(self) -> int:
+        return self.group.layout.partition_numel
 
     def refresh(self) -> None:
-        """Take the slice again from the tensors (after a checkpoint loaded new weights into them)."""
-        flat = self._flat([t.detach().float() for t in self.tensors])
+        """Take the buffer (and so the partition) again from the tensors, e.g. after a checkpoint loaded
+        new weights into them."""
         with torch.no_grad():
-            self.param.copy_(flat[self.low:self.low + self.partition_numel])
+            for tensor, slot in zip(self.tensors, self.group.layout.slots):
+                self.buffer[slot.offset:slot.end].copy_(tensor.detach().reshape(-1))
 
-    def _flat(self, parts: list[torch.Tensor]) -> torch.Tensor:
-        device = parts[0].device if parts else torch.device("cpu")
-        flat = torch.zeros(self.partition_numel * self.data_size, dtype=torch.float32, device=device)
-        offset = 0
-        for part in parts:
-            flat[offset:offset + part.numel()].copy_(part.reshape(-1))
-            offset += part.numel()
-        return flat
+    def _partition_of(self, values: list) -> torch.Tensor:
+        """This rank's partition of per-tensor ``values`` laid out flat (None counts as zeros)."""
+        layout, part = self.group.layout, torch.zeros_like(self.param)
+        for piece in layout.pieces_of_rank(self.dist_context.rank):
+            value, slot = values[piece.slot], layout.slots[piece.slot]
+            if value is not None:
+                start = piece.flat_start - slot.offset
+                part[piece.flat_start - self.low:piece.flat_end - self.low].copy_(
+                    value.reshape(-1)[start:start + piece.numel])
+        return part
 
-    def step(self, optimizer: torch.optim.Optimizer, group, grads: list | None = None) -> None:
-        """Step the slice with its part of the (averaged, clipped) gradients; gather every slice back.
+    def step(self, optimizer: torch.optim.Optimizer, grads: list | None = None) -> None:
+        """Step the partition with its part of the (averaged, clipped) gradients; gather every partition back.
 
         ``grads`` (one per tensor) when they are kept apart from the tensors (fp32 beside 16-bit weights);
-        the gathered fp32 slices are then rounded into the 16-bit tensors.
+        the gathered fp32 values are then rounded into the 16-bit tensors.
         """
-        grads = [t.grad for t in self.tensors] if grads is None else grads
-        grads = self._flat([g if g is not None else torch.zeros_like(t) for g, t in zip(grads, self.tensors)])
-        self.param.grad = grads[self.low:self.low + self.partition_numel].clone()
+        self.param.grad = self._partition_of([t.grad for t in self.tensors] if grads is None else grads)
         optimizer.step()
-        gathered = self._gather(self.param.detach(), group)
-        offset = 0
         with torch.no_grad():
-            for tensor in self.tensors:
-                tensor.copy_(gathered[offset:offset + tensor.numel()].view_as(tensor))
-                offset += tensor.numel()
+            self.sharding.gather(self.buffer, self.low, self.high, self.dist_context)
+            for tensor, slot in zip(self.tensors, self.group.layout.slots):
+                tensor.copy_(self.buffer[slot.offset:slot.end].view_as(tensor))
         self.param.grad = None
 
-    def _gather(self, slice_: torch.Tensor, group) -> torch.Tensor:
-        """Every data rank's equal-size slice, end to end (rank order)."""
-        gathered = torch.empty(self.partition_numel * self.data_size, dtype=slice_.dtype, device=slice_.device)
-        if self.data_size == 1:
-            return gathered.copy_(slice_)
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor   # torch >= 2.13 renamed it
-        gather(gathered, slice_.contiguous(), group=group)
-        return gathered
-
     # ---- checkpoints: the state saved whole (unpadded), so any data size slices its own part ----
-    def full_state(self, optimizer: torch.optim.Optimizer, group) -> dict:
-        """Collective over the data group: the optimizer state with every slice-sized tensor gathered."""
+    def full_state(self, optimizer: torch.optim.Optimizer) -> dict:
+        """Collective over the data ranks: the optimizer state with every partition-sized tensor gathered."""
         state = optimizer.state_dict()
         for per_param in state["state"].values():
             for key, value in list(per_param.items()):
                 if torch.is_tensor(value) and value.numel() == self.partition_numel and value.dim() == 1:
-                    per_param[key] = self._gather(value, group)[:self.numel].cpu()
+                    whole = torch.empty(self.group.layout.padded_numel, dtype=value.dtype, device=value.device)
+                    all_gather_into(whole, value, self.dist_context)
+                    per_param[key] = whole[:self.numel].cpu()
         return {"sharded_over_data": True, "numel": self.numel, "optimizer": state}
 
     def load_full_state(self, optimizer: torch.optim.Optimizer, saved: dict) -> None:
-        """Take this rank's slice of a state saved by ``full_state`` (at any data size)."""
+        """Take this rank's partition of a state saved by ``full_state`` (at any data size)."""
         state = saved["optimizer"]
         if saved["numel"] != self.numel:
             raise ConfigError(f"checkpoint: the stage's optimizer state has {saved['numel']} elements, "
@@ -112,7 +125,7 @@ class OptimizerShard:
         for per_param in state["state"].values():
             for key, value in list(per_param.items()):
                 if torch.is_tensor(value) and value.dim() == 1 and value.numel() == self.numel:
-                    padded = torch.zeros(self.partition_numel * self.data_size, dtype=value.dtype)
+                    padded = torch.zeros(self.group.layout.padded_numel, dtype=value.dtype)
                     padded[:self.numel] = value
-                    per_param[key] = padded[self.low:self.low + self.partition_numel].clone()
+                    per_param[key] = padded[self.low:self.high].clone()
         optimizer.load_state_dict(state)

@@ -2,4 +2,4 @@
 from launcher.zero.sched.schedulers import (  # noqa: F401
     SCHEDULERS, LRRangeTest, OneCycle, WarmupCosineLR, WarmupDecayLR, WarmupLR,
 )
-from launcher.zero.sched.factory import build_scheduler  # noqa: F401
+from launcher.zero.sched.by_name import build_scheduler  # noqa: F401

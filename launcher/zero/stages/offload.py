@@ -4,7 +4,7 @@ CPUAdam when the config asks for Adam) steps the host masters; the updated slice
 and all-gathered. Stage 3's offload lives in the stage-3 strategy itself."""
 from __future__ import annotations
 
-from launcher.zero.stages.partitioning import Sharded
+from launcher.zero.stages.sharding import Sharded
 from launcher.zero.stages.placement import OnHost
 from launcher.zero.stages.stage1 import ReduceAtBoundary
 from launcher.zero.stages.stage2 import ReduceEveryMicroStep

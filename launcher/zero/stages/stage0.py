@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from launcher.zero.distributed.collectives import all_reduce_async
-from launcher.zero.stages.partitioning import Replicated
+from launcher.zero.stages.sharding import Replicated
 from launcher.zero.stages.reduction import WholeGradients
 from launcher.zero.stages.whole_params import WholeParamsStrategy
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from launcher.zero.stages.partitioning import Sharded
+from launcher.zero.stages.sharding import Sharded
 from launcher.zero.stages.reduction import WholeGradients
 from launcher.zero.stages.whole_params import WholeParamsStrategy
 

@@ -3,7 +3,7 @@
 The model parameters stay whole on every rank, flattened into one buffer per optimizer group,
 with gradient hooks feeding a bucket queue. What differs between the stages is three choices:
 
-* a *partitioning* (partitioning.py): which flat range of each group this rank's master covers:
+* a *partitioning* (sharding.py): which flat range of each group this rank's master covers:
   all of it (stage 0), or its partition, all-gathered after the step (stages 1 and 2);
 * a *gradient reduction* (stage0.py, stage1.py, stage2.py): how gradients accumulate and reach
   that range: all-reduce at the boundary; reduce to the owners at the boundary; reduce to the

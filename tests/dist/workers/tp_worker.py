@@ -110,7 +110,7 @@ def run(stage, grid, mode="train", folder=None):
     return {"rank": int(os.environ["RANK"]), "stage": stage, "max_abs_error": error, "norms": norms, "dp": dp,
             "reference_norms": ref_norms, "local_params": local_params, "global_steps": engine.global_steps,
             "mp_world_size": engine.mp_world_size, "global_rank": engine.global_rank,
-            "dp_world_size": engine.dp_world_size, **extra}
+            "dp_world_size": engine.dp_world_size, "world_size": engine.world_size, **extra}
 
 
 def _consolidated_error(folder, ref) -> float:

@@ -5,7 +5,8 @@
 - ``launcher/zero/``'s root holds at most 12 modules;
 - the shim answers exactly the DeepSpeed paths of its table: each imports, a not-built one raises
   ``NotSupportedError`` naming the feature where one of its names is used, an internal never resolves;
-- the strategy protocol (stages/base.py) declares every strategy method the engine calls.
+- the strategy protocol (stages/base.py) declares every strategy method the engine calls;
+- no two internal modules share a file name (the face keeps DeepSpeed's names, which may repeat).
 """
 import ast
 import subprocess
@@ -98,6 +99,16 @@ def test_the_launcher_reaches_the_engine_only_through_its_torch_free_config_and_
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert done.stdout.strip() == "[]", done.stderr
+
+
+def test_no_two_internal_modules_share_a_name():
+    """One meaning per module name: a reader who sees ``comm`` or ``partition`` knows which one."""
+    by_name: dict[str, list[str]] = {}
+    for name, path in engine_modules():
+        if not is_face(name) and path.name != "__init__.py":
+            by_name.setdefault(path.name, []).append(name)
+    repeated = {base: names for base, names in by_name.items() if len(names) > 1}
+    assert repeated == {}
 
 
 def test_the_engine_root_holds_at_most_12_modules():

@@ -6,7 +6,7 @@ data_before_expert)`` returns for the same sizes.
 import pytest
 
 from launcher.zero.errors import ConfigError, NotSupportedError
-from launcher.zero.experts.topology import check_experts_divide, expert_topology
+from launcher.zero.experts.group_ranks import check_experts_divide, expert_topology
 from launcher.zero.parallel.topology import topology_for
 
 DEEPSPEED = [

@@ -2,7 +2,7 @@
 import pytest
 
 from launcher.zero.errors import ConfigError
-from launcher.zero.pipeline.partition import partition_balanced, partition_layers, partition_uniform
+from launcher.zero.pipeline.layer_split import partition_balanced, partition_layers, partition_uniform
 from launcher.zero.pipeline.schedule import BACKWARD, FORWARD, build_schedule
 
 # the reference's 8-layer model: Linear 8->64, Tanh, Linear 64->16, Tanh, Linear 16->16, Tanh, Linear 16->8, Linear 8->4

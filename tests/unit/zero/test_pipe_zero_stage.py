@@ -5,7 +5,11 @@ import torch
 from launcher import zero
 from launcher.zero.errors import ConfigError
 from launcher.zero.pipe import LayerSpec, PipelineModule
+from launcher.zero.config.load import load_config
+from launcher.zero.distributed.context import DistContext
+from launcher.zero.engine.precision import precision_policy
 from launcher.zero.pipeline.shard import OptimizerShard
+from launcher.zero.stages.base import StrategyContext
 
 
 @pytest.fixture(autouse=True)
@@ -47,17 +51,25 @@ def test_stage_1_steps_like_stage_0_on_one_data_rank():
     assert losses[0] == losses[1]
 
 
+def _shard(tensors, data_rank, data_size):
+    """A shard over ``data_size`` data ranks without a process group (no collective runs at data size 1)."""
+    config = load_config(_config(1), world_size=data_size)
+    ranks = DistContext(group=None, rank=data_rank, world_size=data_size, local_rank=0, device=torch.device("cpu"),
+                        backend="gloo")
+    return OptimizerShard(tensors, StrategyContext(config=config, dist_context=ranks, precision=precision_policy(config)))
+
+
 def test_a_shard_takes_its_slice_of_a_state_saved_whole():
     """Saved at data size 1 (5 elements), loaded as data rank 1 of 2: elements 3-4 and one pad."""
     tensors = [torch.nn.Parameter(torch.arange(3.0)), torch.nn.Parameter(torch.arange(2.0))]
-    whole = OptimizerShard(tensors, data_rank=0, data_size=1)
+    whole = _shard(tensors, data_rank=0, data_size=1)
     optimizer = torch.optim.Adam([whole.param])
     for t in tensors:
         t.grad = torch.ones_like(t)
-    whole.step(optimizer, group=None)
-    saved = whole.full_state(optimizer, group=None)
+    whole.step(optimizer)
+    saved = whole.full_state(optimizer)
     assert saved["optimizer"]["state"][0]["exp_avg"].numel() == 5
-    half = OptimizerShard(tensors, data_rank=1, data_size=2)
+    half = _shard(tensors, data_rank=1, data_size=2)
     assert (half.low, half.partition_numel) == (3, 3)
     other = torch.optim.Adam([half.param])
     half.load_full_state(other, saved)

@@ -2,7 +2,7 @@
 import pytest
 
 from launcher.zero.stages.buckets import BucketQueue
-from launcher.zero.layout.partition import flat_layout, plan_buckets
+from launcher.zero.layout.partition_math import flat_layout, plan_buckets
 
 SHAPES = [(5, 7), (5,), (3, 5), (3,)]  # 58 elements
 

@@ -4,8 +4,8 @@
 gradients itself (`handles_gradient_communication = True`), so the engine must not.
 """
 
-from launcher.zero.optim.onebit.adam import OnebitAdam
-from launcher.zero.optim.onebit.comm import CommCounter
+from launcher.zero.optim.onebit.optimizer import OnebitAdam
+from launcher.zero.optim.onebit.counted_collectives import CommCounter
 
 OneBitAdam = OnebitAdam
 

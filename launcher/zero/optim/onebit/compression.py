@@ -5,7 +5,7 @@ Glossary: a *buffer* is one rank's flat momentum, padded so it splits into `worl
 *error* (what compression dropped last time) and adds it back before compressing again, so
 the error does not accumulate. No communication here: `simulate_compressed_allreduce` runs
 the whole exchange for a list of ranks in one process, the reference the distributed version
-(comm.py) is tested against.
+(counted_collectives.py) is tested against.
 """
 
 import math

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from launcher.zero.stages.stage3.comm import all_gather_shard
+from launcher.zero.stages.stage3.gather_scatter import all_gather_shard
 
 
 

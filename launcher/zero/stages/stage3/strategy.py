@@ -21,10 +21,10 @@ from launcher.zero.distributed.collectives import broadcast_from, gradient_scale
 from launcher.zero.errors import ConfigError
 from launcher.zero.layout.flat import trainable_groups
 from launcher.zero.stages.stage3 import params as P
-from launcher.zero.stages.stage3.comm import reduce_scatter_shard
+from launcher.zero.stages.stage3.gather_scatter import reduce_scatter_shard
 from launcher.zero.stages.stage3.coordinator import ParamCoordinator, Stage3Options
 from launcher.zero.stages.stage3.layout import Stage3Slot, choose_persistent, plan_group
-from launcher.zero.stages.stage3.norm import square_sum
+from launcher.zero.stages.stage3.square_sum import square_sum
 from launcher.zero.stages.stage3.state import Stage3State
 from launcher.zero.stages.host_memory import host_zeros
 from launcher.zero.stages.placement import copy_in_pieces
@@ -392,7 +392,7 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         return list(self.grads) if self.device_grads else [master.grad for master in self.masters]
 
     def grad_square_sum(self) -> torch.Tensor:
-        """Like the base, but a persistent parameter (whole on every rank) is counted once (norm.py)."""
+        """Like the base, but a persistent parameter (whole on every rank) is counted once (square_sum.py)."""
         return square_sum(self)
 
     def scale_master_grads(self, factor: float) -> None:

@@ -12,7 +12,7 @@ correction is applied (`bias_correction` is accepted for config compatibility).
 import torch
 
 from launcher.zero.errors import ConfigError
-from launcher.zero.optim.onebit.comm import Collectives, CommCounter, allreduce_sent_bytes
+from launcher.zero.optim.onebit.counted_collectives import Collectives, CommCounter, allreduce_sent_bytes
 from launcher.zero.optim.onebit.compression import padded_numel
 
 SUPPORTED_BACKENDS = ("nccl", "gloo")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from launcher.zero.distributed.collectives import all_gather_single, reduce_scatter_single
+
 _UNSUPPORTED: set[tuple[str, str]] = set()
 
 
@@ -38,8 +40,7 @@ def _fused(name: str, fused, group, *args, async_op: bool):
 
 def all_gather_shard(buffer: torch.Tensor, shard: torch.Tensor, group, async_op: bool):
     """Every rank's equal-size ``shard`` into ``buffer`` (rank order); returns a work handle or None."""
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    done, work = _fused("all_gather", gather, group, buffer, shard, async_op=async_op)
+    done, work = _fused("all_gather", all_gather_single, group, buffer, shard, async_op=async_op)
     if done:
         return work
     dist.all_gather(list(buffer.chunk(dist.get_world_size(group))), shard, group=group)
@@ -48,8 +49,7 @@ def all_gather_shard(buffer: torch.Tensor, shard: torch.Tensor, group, async_op:
 
 def reduce_scatter_shard(out: torch.Tensor, padded: torch.Tensor, group, async_op: bool):
     """Sum ``padded`` over the ranks and keep this rank's equal slice in ``out``; work handle or None."""
-    scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    done, work = _fused("reduce_scatter", scatter, group, out, padded, async_op=async_op)
+    done, work = _fused("reduce_scatter", reduce_scatter_single, group, out, padded, async_op=async_op)
     if done:
         return work
     dist.all_reduce(padded, group=group)

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from launcher.zero.stages.stage3 import comm
+from launcher.zero.stages.stage3 import gather_scatter
 
 
 @pytest.fixture
@@ -15,9 +15,9 @@ def group():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    comm._UNSUPPORTED.clear()
+    gather_scatter._UNSUPPORTED.clear()
     yield dist.group.WORLD
-    comm._UNSUPPORTED.clear()
+    gather_scatter._UNSUPPORTED.clear()
     dist.destroy_process_group()
 
 
@@ -29,8 +29,8 @@ def unsupported(calls):
 
 
 @pytest.mark.parametrize("name, run", [
-    ("all_gather_single", lambda out, g: comm.all_gather_shard(out, torch.arange(4.0), g, async_op=False)),
-    ("reduce_scatter_single", lambda out, g: comm.reduce_scatter_shard(out, torch.arange(4.0), g, async_op=False)),
+    ("all_gather_single", lambda out, g: gather_scatter.all_gather_shard(out, torch.arange(4.0), g, async_op=False)),
+    ("reduce_scatter_single", lambda out, g: gather_scatter.reduce_scatter_shard(out, torch.arange(4.0), g, async_op=False)),
 ])
 def test_a_missing_fused_collective_falls_back_once_with_the_same_result(group, monkeypatch, name, run):
     calls = []
@@ -47,11 +47,11 @@ def test_other_errors_of_the_fused_collective_are_not_swallowed(group, monkeypat
         raise RuntimeError("connection reset by peer")
     monkeypatch.setattr(dist, "all_gather_single", broken)
     with pytest.raises(RuntimeError, match="connection reset"):
-        comm.all_gather_shard(torch.zeros(4), torch.zeros(4), group, async_op=False)
+        gather_scatter.all_gather_shard(torch.zeros(4), torch.zeros(4), group, async_op=False)
 
 
 def test_the_fused_collective_returns_its_work_handle(group):
     out = torch.zeros(4)
-    work = comm.all_gather_shard(out, torch.arange(4.0), group, async_op=True)
+    work = gather_scatter.all_gather_shard(out, torch.arange(4.0), group, async_op=True)
     work.wait()
     assert torch.equal(out, torch.arange(4.0))
