@@ -7,9 +7,10 @@ in a process of its own; its plan has N nodes at 127.1.x.y with `--ranks` slots 
 and `--sims` simulator processes dial in: each agent is one TCP connection speaking the real
 wire protocol (JSON lines) and handshake (the HMAC answer to the challenge, ssh's per-node key).
 
-Each agent says hello, takes its plan, sends a heartbeat a second and `--rate` lines a second for
-each of its ranks (as the agents do, only the lines that `--output` shows), until the last
-agent reports its first rank's exit 1. Measured:
+Each agent says hello, takes its plan, sends a heartbeat a second, `--rate` lines a second for
+each of its ranks (as the agents do, only the lines that `--output` shows) and, as under
+`--stall_timeout` (on in the plan: 600 s), every rank's progress once a second (the most an agent
+sends), until the last agent reports its first rank's exit 1. Measured:
   plan hand-out  first hello sent -> the last agent has its plan
   cores          the controller's CPU seconds / wall seconds over `--seconds` of streaming
   RSS            the controller's resident memory while streaming (max sampled) and its peak (VmHWM)
@@ -45,7 +46,9 @@ def serve(work: str, agents: int, ranks: int, output: str) -> int:
     from launcher.planning.hostfile import Host
     from launcher.planning.plan import LaunchOptions, Machine, build_plan
     hosts = [Host(f"127.1.{i // 250}.{i % 250 + 1}", ranks) for i in range(agents)]
-    extra = {"output": output} if "output" in LaunchOptions.__dataclass_fields__ else {}
+    fields = LaunchOptions.__dataclass_fields__
+    extra = {"output": output} if "output" in fields else {}
+    extra.update({"stall_timeout": 600.0} if "stall_timeout" in fields else {})
     options = LaunchOptions(script="train.py", launcher="ssh", no_preflight=True, **extra)
     plan = build_plan(hosts, options, Machine(python=sys.executable, cwd=work, environ={}))
     controller = Controller(plan, delivery="stdin")
@@ -74,6 +77,7 @@ class SimAgent:
         self.burst = b""
         self.held = 0
         self.failed_rank: int | None = None
+        self.progress = 0   # events of each of its ranks (all move together: nobody is stuck)
 
     def queue(self, *messages: dict) -> None:
         self.out += b"".join((json.dumps(m, separators=(",", ":")) + "\n").encode() for m in messages)
@@ -172,7 +176,10 @@ def simulate(endpoint: dict, first: int, count: int, ranks: int, rate: float) ->
                 if agent.phase != "run":
                     continue
                 if heartbeat:
-                    agent.queue({"type": "heartbeat"})
+                    agent.progress += 3   # a forward, a backward and a step since the last report
+                    agent.queue({"type": "heartbeat"},
+                                {"type": "progress", "ranks": [[r, agent.progress, agent.progress // 3]
+                                                               for r in agent.ranks]})
                 for _ in range(bursts):
                     agent.held += agent.held_per_tick
                     if len(agent.out) < SEND_BUFFER_CAP:

@@ -1,10 +1,12 @@
 """``--stall_timeout``: find the rank that stopped making progress while its peers went on.
 
 Each rank of a node rewrites a small file (launcher/zero/progress.py: ``"<events> <step>"``);
-the node's supervisor reads them and feeds a StallWatch, which is pure (the clock comes in).
-A rank is stuck when others have passed its count of events for ``timeout`` seconds and it
-has not moved since: the peers that went on now wait for it in a collective. A job in which
-every rank stopped alike (all at the same count) is not a straggler and is not reported here.
+the node's supervisor reads them. A StallWatch, pure (the clock comes in), judges where every
+rank of the job is seen: in dslaunch (launcher/control/stalls.py, fed by the agents' reports)
+or, under the local runner, in the supervisor itself. A rank is stuck when others have passed
+its count of events for ``timeout`` seconds and it has not moved since: the peers that went on
+now wait for it in a collective. A job in which every rank stopped alike (all at the same
+count) is not a straggler and is not reported here.
 """
 from __future__ import annotations
 
