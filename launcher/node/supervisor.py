@@ -81,6 +81,7 @@ class Supervisor:
         self._progress_dir: str | None = None
         self._watch = StallWatch(stall_timeout) if stall_timeout and on_progress is None else None
         self._stalled: dict[int, float] = {}   # rank -> seconds behind, once stopped as stuck
+        self._unkillable: dict[int, int] = {}  # stuck rank -> its pid, when even SIGKILL did not end it
         self._next_progress_read = 0.0
         self._reported: dict[int, tuple[int, int]] = {}   # rank -> (events, step) last sent through on_progress
         self._stacks_request: tuple[int, float] | None = None
@@ -120,7 +121,7 @@ class Supervisor:
         first_failure = None
         while len(exits) < len(self.procs):
             ended = [(proc, code) for proc in self.procs
-                     if proc.spec.rank not in exits and (code := proc.popen.poll()) is not None]
+                     if proc.spec.rank not in exits and (code := self._poll(proc)) is not None]
             failed = next(((proc, code) for proc, code in ended if code != 0), None)
             if failed is not None:
                 self.on_failure(RankExit(failed[0].spec.rank, failed[0].spec.local_rank, failed[1], (), self.host))
@@ -130,7 +131,8 @@ class Supervisor:
             _join_readers([proc for proc, _ in ended], timeout=DRAIN_SECONDS)
             for proc, code in ended:
                 done = RankExit(proc.spec.rank, proc.spec.local_rank, code, tuple(proc.tail), self.host,
-                                stalled_s=self._stalled.get(proc.spec.rank))
+                                stalled_s=self._stalled.get(proc.spec.rank),
+                                stuck_pid=self._unkillable.get(proc.spec.rank))
                 exits[done.rank] = done
                 self.on_exit(done)
                 if not done.ok and first_failure is None:
@@ -145,6 +147,10 @@ class Supervisor:
         stopped_by = self._stop_request[0] if self._stop_request and first_failure is None else None
         ordered = tuple(exits[p.spec.rank] for p in self.procs if p.spec.rank in exits)
         return NodeResult(exits=ordered, first_failure=first_failure, stopped_by=stopped_by)
+
+    def _poll(self, proc: RankProcess) -> int | None:
+        """Its return code once ended; a stuck rank that outlived SIGKILL counts as ended (-SIGKILL)."""
+        return -signal.SIGKILL if proc.spec.rank in self._unkillable else proc.popen.poll()
 
     def _stop_running(self, signum: int, ended: set[int]) -> list[tuple[RankProcess, int, int | None]]:
         """Stop every rank not in `ended`: (process, return code, pid if it outlived SIGKILL)."""
@@ -216,7 +222,9 @@ class Supervisor:
         self._stalled[rank] = behind_s
         stuck = next((p for p in running if p.spec.rank == rank), None)
         if stuck is not None and stuck.popen.poll() is None:
-            stuck.popen.kill()
+            _code, pid = _kill(stuck.popen)
+            if pid is not None:   # in the kernel (a hung file system): the job ends without it
+                self._unkillable[rank] = pid
 
 
 def _kill(popen) -> tuple[int, int | None]:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import threading
 
-from launcher.node.process import RankSpec
+from launcher.node.process import RankSpec, spawn
 from launcher.node.stall import PROGRESS_PREFIX
 from launcher.node.supervisor import Supervisor
 
@@ -52,3 +52,53 @@ def test_progress_goes_out_on_change_and_a_stacks_request_dumps_every_rank_then_
     for rank in (4, 5):   # every rank's stack, not only the stuck one's
         assert any(rank == r and "in hang_here" in line for r, line in lines), lines
     assert not mine[0].exists()
+
+
+class Unkillable:
+    """A rank's process that SIGKILL does not end (as one in uninterruptible sleep on a hung file system)."""
+
+    def __init__(self, popen):
+        self.popen = popen
+        self.pid = popen.pid
+
+    def poll(self):
+        return None
+
+    def kill(self):
+        pass
+
+    def wait(self, timeout=None):
+        raise subprocess.TimeoutExpired("rank", timeout)
+
+    def __getattr__(self, name):
+        return getattr(self.popen, name)
+
+
+def test_a_stuck_rank_that_outlives_sigkill_ends_the_job_named_with_its_pid(tmp_path):
+    specs = [RankSpec(rank=r, local_rank=r, argv=(sys.executable, "-c", RANK), env=dict(os.environ),
+                      cwd=str(tmp_path)) for r in (0, 1)]
+    real = []
+
+    def spawner(spec, on_output, log):
+        proc = spawn(spec, on_output, log)
+        if spec.rank == 1:
+            real.append(proc.popen)
+            proc.popen = Unkillable(proc.popen)
+        return proc
+
+    supervisor = None
+
+    def on_progress(readings):
+        supervisor.request_stacks(1, 30.0)
+
+    supervisor = Supervisor(specs, on_output=lambda event: None, grace=1.0, spawner=spawner, stall_timeout=30.0,
+                            on_progress=on_progress, progress_root=str(tmp_path))
+    supervisor.start()
+    try:
+        result = supervisor.run()   # a hang here is the failure: the job waited for a rank that never ends
+    finally:
+        real[0].kill()
+        real[0].wait()
+    assert result.first_failure.rank == 1 and result.first_failure.stuck_pid == real[0].pid
+    assert "did not end after SIGKILL" in result.first_failure.describe()
+    assert {e.rank for e in result.exits} == {0, 1}
