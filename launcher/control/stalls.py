@@ -42,10 +42,10 @@ class JobStalls:
 
     def report(self, node_rank: int, readings: list, now: float) -> None:
         """One agent's progress message: [[rank, events, step], ...]; readings for another node's ranks are dropped."""
-        for reading in readings:
-            rank, events, step = (int(value) for value in reading)
-            if self.node_of.get(rank) == node_rank:
-                self.watch.observe(rank, events, step, now)
+        node_of, observe = self.node_of, self.watch.observe
+        for rank, events, step in readings:
+            if node_of.get(rank) == node_rank:
+                observe(rank, int(events), int(step), now)
 
     def check(self, now: float) -> StuckRank | None:
         """The stuck rank, the first time one is found (None before, and after: one report a try)."""

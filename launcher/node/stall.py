@@ -56,7 +56,10 @@ class StallWatch:
             self.lead_history.clear()
             old = None
         if old is None or events != old.events:
-            self.seen[rank] = _Seen(events, step, now)
+            if old is None:
+                self.seen[rank] = _Seen(events, step, now)
+            else:   # in place: dslaunch observes up to every rank of the job each second
+                old.events, old.step, old.since = events, step, now
             if not self.lead_history or events > self.lead_history[-1][0]:
                 self.lead_history.append((events, now))
 
@@ -74,15 +77,20 @@ class StallWatch:
         del self.lead_history[:keep]   # entries at or below every rank's count are never asked again
         found = []
         for rank, seen in self.seen.items():
+            if now - seen.since < self.timeout_s:   # it moved lately: not stuck, whatever the others did
+                continue
             passed = self._first_past(seen.events)
             if passed is None:
                 continue
             behind = now - max(passed, seen.since)
             if behind >= self.timeout_s:
                 found.append((seen.events, -behind, rank))
+        if not found:
+            return []
+        top = sorted(((seen.step, rank) for rank, seen in self.seen.items()), reverse=True)[:2]
         stalls = []
         for _events, minus_behind, rank in sorted(found):
-            others = max(seen.step for r, seen in self.seen.items() if r != rank)
+            others = top[1][0] if top[0][1] == rank else top[0][0]   # the furthest step of any other rank
             stalls.append(Stall(rank=rank, step=self.seen[rank].step, behind_s=-minus_behind, others_step=others))
         return stalls
 
