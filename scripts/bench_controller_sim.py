@@ -7,9 +7,11 @@ in a process of its own; its plan has N nodes at 127.1.x.y with `--ranks` slots 
 and `--sims` simulator processes dial in: each agent is one TCP connection speaking the real
 wire protocol (JSON lines) and handshake (the HMAC answer to the challenge, ssh's per-node key).
 
-Each agent says hello, takes its plan, sends a heartbeat a second and `--rate` lines a second for
-each of its ranks (as the agents do, only the lines that `--output` shows), until the last
-agent reports its first rank's exit 1. Measured:
+Each agent says hello, takes its plan, sends a heartbeat a second, `--rate` lines a second for
+each of its ranks (as the agents do, only the lines that `--output` shows) and, as under
+`--stall_timeout` (`--stall-timeout`, 600 s by default; 0: off, the controller ignores them), every
+rank's progress once a second (the most an agent
+sends), until the last agent reports its first rank's exit 1. Measured:
   plan hand-out  first hello sent -> the last agent has its plan
   cores          the controller's CPU seconds / wall seconds over `--seconds` of streaming
   RSS            the controller's resident memory while streaming (max sampled) and its peak (VmHWM)
@@ -39,13 +41,15 @@ SEND_BUFFER_CAP = 1 << 20   # an agent holds at most this much unsent; more line
 
 
 # ---------------------------------------------------------------- the controller's process
-def serve(work: str, agents: int, ranks: int, output: str) -> int:
+def serve(work: str, agents: int, ranks: int, output: str, stall_timeout: float = 600.0) -> int:
     """Run the controller of whichever tree PYTHONPATH names; the endpoint goes to work/endpoint.json."""
     from launcher.control.controller import Controller
     from launcher.planning.hostfile import Host
     from launcher.planning.plan import LaunchOptions, Machine, build_plan
     hosts = [Host(f"127.1.{i // 250}.{i % 250 + 1}", ranks) for i in range(agents)]
-    extra = {"output": output} if "output" in LaunchOptions.__dataclass_fields__ else {}
+    fields = LaunchOptions.__dataclass_fields__
+    extra = {"output": output} if "output" in fields else {}
+    extra.update({"stall_timeout": stall_timeout or None} if "stall_timeout" in fields else {})
     options = LaunchOptions(script="train.py", launcher="ssh", no_preflight=True, **extra)
     plan = build_plan(hosts, options, Machine(python=sys.executable, cwd=work, environ={}))
     controller = Controller(plan, delivery="stdin")
@@ -74,6 +78,7 @@ class SimAgent:
         self.burst = b""
         self.held = 0
         self.failed_rank: int | None = None
+        self.progress = 0   # events of each of its ranks (all move together: nobody is stuck)
 
     def queue(self, *messages: dict) -> None:
         self.out += b"".join((json.dumps(m, separators=(",", ":")) + "\n").encode() for m in messages)
@@ -172,7 +177,10 @@ def simulate(endpoint: dict, first: int, count: int, ranks: int, rate: float) ->
                 if agent.phase != "run":
                     continue
                 if heartbeat:
-                    agent.queue({"type": "heartbeat"})
+                    agent.progress += 3   # a forward, a backward and a step since the last report
+                    agent.queue({"type": "heartbeat"},
+                                {"type": "progress", "ranks": [[r, agent.progress, agent.progress // 3]
+                                                               for r in agent.ranks]})
                 for _ in range(bursts):
                     agent.held += agent.held_per_tick
                     if len(agent.out) < SEND_BUFFER_CAP:
@@ -240,7 +248,8 @@ def measure(label: str, tree: str, args) -> dict:
     console_out = open(os.path.join(work, "console.out"), "w")
     console_err = open(os.path.join(work, "console.err"), "w")
     controller = subprocess.Popen([sys.executable, __file__, "--serve", work, "--agents", str(args.agents),
-                                   "--ranks", str(args.ranks), "--output", args.output],
+                                   "--ranks", str(args.ranks), "--output", args.output,
+                                   "--stall-timeout", str(args.stall_timeout)],
                                   env=env, stdout=console_out, stderr=console_err, cwd=work)
     result = {"controller": label, "tree": tree, "agents": args.agents, "ranks_per_agent": args.ranks,
               "lines_per_rank_per_s": args.rate, "output": args.output}
@@ -336,6 +345,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="streaming time measured")
     parser.add_argument("--sims", type=int, default=4, help="simulator processes")
     parser.add_argument("--output", default="all", help="--output mode of the job (this tree only)")
+    parser.add_argument("--stall-timeout", type=float, default=600.0,
+                        help="the job's --stall_timeout (0: off); the agents send progress either way")
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     parser.add_argument("--compare", metavar="REV", help="also measure the controller of git revision REV")
     parser.add_argument("--compare-tree", metavar="DIR", help="REV's tree already unpacked (no git here)")
@@ -345,7 +356,7 @@ def main() -> int:
     parser.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        return serve(args.serve, args.agents, args.ranks, args.output)
+        return serve(args.serve, args.agents, args.ranks, args.output, args.stall_timeout)
     if args.simulate:
         simulate(json.loads(args.simulate), args.first, args.count, args.ranks, args.rate)
         return 0

@@ -22,6 +22,7 @@ from launcher.control.check import preflight_failed
 from launcher.control import unusable
 from launcher.control.inbox import Inbox
 from launcher.control.outcome import NodesUnusable, Outcome
+from launcher.control.stalls import JobStalls
 from launcher.control.startup import StartupWatch
 from launcher.control.streams import OutputRelay
 from launcher.errors import EXIT_NODE_LOST, EXIT_SIGINT, LaunchError
@@ -71,6 +72,8 @@ class Controller:
         self.plans_sent = False
         self.died: list[int] = []           # agents that died, not yet acted on
         self.outcome: Outcome | None = None  # how this try ended (for control/restarts.py)
+        self.stalls = JobStalls(plan.stall_timeout, {n.node_rank: (n.host, tuple(r.rank for r in n.ranks))
+                                                     for n in plan.nodes}) if plan.stall_timeout else None
         remote = next((n for n in plan.nodes if not n.is_local), plan.nodes[0])
         toward = plan.master_addr if not remote.is_local else "127.0.0.1"
         address = local_address_toward(toward)
@@ -142,6 +145,8 @@ class Controller:
                 next_heartbeat = now + HEARTBEAT_SECONDS
             if plans_sent and stopping_since is None:
                 lost = lost or self._silent_node(now) or self._dead_agent()
+                if self.stalls is not None:
+                    self._check_stalls(now)
             reason = stop_reason["value"] or ((failure or self.failing) and "rank failure") or (lost and "node lost")
             if reason and stopping_since is None:
                 stopping_since = now
@@ -205,8 +210,9 @@ class Controller:
                 console.say(done.describe())
             if not done.ok and failure is None and (not self.stopping or the_failing):
                 return done
-        elif kind == "stalled":   # a node's supervisor found a stuck rank; its stacks and exit follow
-            console.say(message["message"])
+        elif kind == "progress":   # --stall_timeout: some ranks of this node moved
+            if self.stalls is not None:
+                self.stalls.report(node_rank, message.get("ranks", ()), time.monotonic())
         elif kind == "error":
             console.say(f"node {node_rank} ({host}): {message['message']}")
             self.reported.add(node_rank)   # it ends on purpose: its EOF is no death
@@ -224,6 +230,17 @@ class Controller:
             if kind == "done":
                 self.reported.add(node_rank)
         return failure
+
+    def _check_stalls(self, now: float) -> None:
+        """A stuck rank: say so once, and have its node's agent print every rank's stack there and kill it
+        (its exit, marked as stopped for being stuck, then ends or restarts the job as any failure)."""
+        stuck = self.stalls.check(now)
+        if stuck is None:
+            return
+        console.say(stuck.message)
+        channel = self.channels.get(stuck.node_rank)
+        if channel is not None:
+            channel.send({"type": "stacks", "rank": stuck.stall.rank, "behind_s": stuck.stall.behind_s})
 
     def _send_plans(self) -> JobPlan:
         plan = self.plan

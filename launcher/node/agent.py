@@ -82,7 +82,7 @@ class Agent:
         self.supervisor = Supervisor(specs, on_output=self._send_output, on_exit=self._send_exit,
                                      log_dir=job.get("log_dir"), grace=float(job.get("grace", 3.0)),
                                      host=node["host"], on_failure=self._send_failing,
-                                     stall_timeout=job.get("stall_timeout"), on_stall=self._send_stalled)
+                                     on_progress=self._send_progress if job.get("stall_timeout") else None)
         threading.Thread(target=self._listen, daemon=True).start()
         threading.Thread(target=self._heartbeat, daemon=True).start()
         try:
@@ -157,6 +157,8 @@ class Agent:
             self.last_heard = time.monotonic()
             if message["type"] == "stop":
                 self.stop(message.get("reason", "stop"), int(message.get("signal", signal.SIGTERM)))
+            elif message["type"] == "stacks" and self.supervisor is not None:
+                self.supervisor.request_stacks(int(message["rank"]), float(message.get("behind_s", 0.0)))
 
     def _heartbeat(self) -> None:
         while not self.channel.closed:
@@ -176,8 +178,9 @@ class Agent:
         self.channel.send({"type": "failing", "rank": event.rank, "local_rank": event.local_rank,
                            "returncode": event.returncode})
 
-    def _send_stalled(self, message: str) -> None:
-        self.channel.send({"type": "stalled", "message": message})
+    def _send_progress(self, readings: list[tuple[int, int, int]]) -> None:
+        """--stall_timeout: this node's ranks whose (events, step) changed; dslaunch judges every rank of the job."""
+        self.channel.send({"type": "progress", "ranks": [list(reading) for reading in readings]})
 
     def _send_exit(self, event) -> None:
         message = {"type": "exit", "rank": event.rank, "local_rank": event.local_rank,

@@ -11,18 +11,21 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 from launcher.node.process import RankExit, RankOutput, RankProcess, RankSpec, spawn, stop_processes
-from launcher.node.stall import PROGRESS_VARIABLE, Stall, StallWatch, progress_path, read_progress
+from launcher.node.stall import (PROGRESS_VARIABLE, StallWatch, describe_stall, make_progress_dir, progress_path,
+                                  read_progress)
 
 POLL_SECONDS = 0.02
 DRAIN_SECONDS = 1.0        # a failed or finished rank's output threads get this long to reach EOF
 STOPPED_DRAIN_SECONDS = 0.5  # one wait for every stopped rank's output (a pipe an escaped grandchild holds)
 KILL_WAIT_SECONDS = 5.0    # a rank that outlives SIGKILL this long is stuck in the kernel: reported, left
 PROGRESS_POLL_SECONDS = 0.5  # --stall_timeout: how often the ranks' progress files are read
+PROGRESS_REPORT_SECONDS = 1.0  # an agent sends its ranks' progress at most this often (1024 nodes: ~1000 msg/s)
 STACKS_SECONDS = 2.0       # after SIGUSR1, how long the ranks' stacks get to reach the output before the stop
 
 
@@ -45,17 +48,21 @@ class Supervisor:
     `on_failure` hears of the first failure the moment it is seen, before the other ranks are
     stopped and before the failed rank's output is drained (its `on_exit`, with its last lines,
     comes after both): the agent tells dslaunch at once, so the other nodes stop at once too.
-    `spawner` starts one rank (process.spawn; a test passes its own). With `stall_timeout`, a
-    rank that makes no progress while the others go on is named through `on_stall`, every rank
-    here is asked for its Python stack (SIGUSR1, faulthandler), and the stuck rank is killed:
-    its exit is then the job's failure, as any other (restarted under --max_restarts).
+    `spawner` starts one rank (process.spawn; a test passes its own). With `stall_timeout` (the
+    local runner: these are all the job's ranks), a rank that makes no progress while the others
+    go on is named through `on_stall`, every rank here is asked for its Python stack (SIGUSR1,
+    faulthandler), and the stuck rank is killed: its exit is then the job's failure, as any other
+    (restarted under --max_restarts). With `on_progress` instead (an agent: dslaunch judges every
+    rank of the job), changed readings go out through it and `request_stacks` does the rest.
     """
 
     def __init__(self, specs: list[RankSpec], on_output: Callable[[RankOutput], None],
                  on_exit: Callable[[RankExit], None] = lambda e: None, log_dir: str | None = None,
                  grace: float = 3.0, host: str = "", on_failure: Callable[[RankExit], None] = lambda e: None,
                  spawner: Callable[..., RankProcess] = spawn, stall_timeout: float | None = None,
-                 on_stall: Callable[[str], None] = lambda message: None):
+                 on_stall: Callable[[str], None] = lambda message: None,
+                 on_progress: Callable[[list[tuple[int, int, int]]], None] | None = None,
+                 progress_root: str | None = None):
         self.specs = specs
         self.on_output = on_output
         self.on_exit = on_exit
@@ -69,21 +76,33 @@ class Supervisor:
         self._stop_request: tuple[str, int] | None = None
         self.stall_timeout = stall_timeout
         self.on_stall = on_stall
+        self.on_progress = on_progress
+        self.progress_root = progress_root or tempfile.gettempdir()
         self._progress_dir: str | None = None
-        self._watch = StallWatch(stall_timeout) if stall_timeout else None
+        self._watch = StallWatch(stall_timeout) if stall_timeout and on_progress is None else None
         self._stalled: dict[int, float] = {}   # rank -> seconds behind, once stopped as stuck
+        self._unkillable: dict[int, int] = {}  # stuck rank -> its pid, when even SIGKILL did not end it
         self._next_progress_read = 0.0
+        self._reported: dict[int, tuple[int, int]] = {}   # rank -> (events, step) last sent through on_progress
+        self._stacks_request: tuple[int, float] | None = None
+        self._lock = threading.Lock()
 
     def request_stop(self, reason: str, signum: int = signal.SIGTERM) -> None:
         """Ask the run loop to stop every rank (safe from a signal handler or thread)."""
         if self._stop_request is None:
             self._stop_request = (reason, signum)
 
+    def request_stacks(self, rank: int, behind_s: float) -> None:
+        """dslaunch found `rank` stuck: every rank here prints its stack, then `rank` is killed (thread-safe)."""
+        with self._lock:
+            if self._stacks_request is None and not self._stalled:
+                self._stacks_request = (rank, behind_s)
+
     def start(self) -> None:
         if self.log_dir:
             os.makedirs(self.log_dir, exist_ok=True)
-        if self._watch is not None:
-            self._progress_dir = tempfile.mkdtemp(prefix="dslaunch-progress-")
+        if self._watch is not None or self.on_progress is not None:
+            self._progress_dir = make_progress_dir(self.progress_root)
             self.specs = [dataclasses.replace(spec, env={**spec.env, PROGRESS_VARIABLE: progress_path(
                 self._progress_dir, spec.rank)}) for spec in self.specs]
         for spec in self.specs:
@@ -102,7 +121,7 @@ class Supervisor:
         first_failure = None
         while len(exits) < len(self.procs):
             ended = [(proc, code) for proc in self.procs
-                     if proc.spec.rank not in exits and (code := proc.popen.poll()) is not None]
+                     if proc.spec.rank not in exits and (code := self._poll(proc)) is not None]
             failed = next(((proc, code) for proc, code in ended if code != 0), None)
             if failed is not None:
                 self.on_failure(RankExit(failed[0].spec.rank, failed[0].spec.local_rank, failed[1], (), self.host))
@@ -112,7 +131,8 @@ class Supervisor:
             _join_readers([proc for proc, _ in ended], timeout=DRAIN_SECONDS)
             for proc, code in ended:
                 done = RankExit(proc.spec.rank, proc.spec.local_rank, code, tuple(proc.tail), self.host,
-                                stalled_s=self._stalled.get(proc.spec.rank))
+                                stalled_s=self._stalled.get(proc.spec.rank),
+                                stuck_pid=self._unkillable.get(proc.spec.rank))
                 exits[done.rank] = done
                 self.on_exit(done)
                 if not done.ok and first_failure is None:
@@ -120,13 +140,17 @@ class Supervisor:
             if stop is not None:
                 self._report_stopped(stopped, exits)
                 break
-            if self._watch is not None and not ended:
+            if self._progress_dir is not None and not ended:
                 self._watch_progress(exits)
             time.sleep(POLL_SECONDS)
         self._close_logs()
         stopped_by = self._stop_request[0] if self._stop_request and first_failure is None else None
         ordered = tuple(exits[p.spec.rank] for p in self.procs if p.spec.rank in exits)
         return NodeResult(exits=ordered, first_failure=first_failure, stopped_by=stopped_by)
+
+    def _poll(self, proc: RankProcess) -> int | None:
+        """Its return code once ended; a stuck rank that outlived SIGKILL counts as ended (-SIGKILL)."""
+        return -signal.SIGKILL if proc.spec.rank in self._unkillable else proc.popen.poll()
 
     def _stop_running(self, signum: int, ended: set[int]) -> list[tuple[RankProcess, int, int | None]]:
         """Stop every rank not in `ended`: (process, return code, pid if it outlived SIGKILL)."""
@@ -159,26 +183,34 @@ class Supervisor:
 
     # ---- --stall_timeout ----------------------------------------------------------------------
     def _watch_progress(self, exits: dict[int, RankExit]) -> None:
+        with self._lock:
+            request, self._stacks_request = self._stacks_request, None
+        if request is not None:
+            self._dump_stacks_and_kill(request[0], request[1], exits)
         now = time.monotonic()
         if now < self._next_progress_read or self._stalled:
             return
-        self._next_progress_read = now + PROGRESS_POLL_SECONDS
+        self._next_progress_read = now + (PROGRESS_POLL_SECONDS if self._watch is not None else PROGRESS_REPORT_SECONDS)
+        readings = []
         for proc in self.procs:
             reading = read_progress(progress_path(self._progress_dir, proc.spec.rank))
             if reading is not None and proc.spec.rank not in exits:
-                self._watch.observe(proc.spec.rank, reading[0], reading[1], now)
+                readings.append((proc.spec.rank, *reading))
+        if self._watch is None:
+            changed = [r for r in readings if self._reported.get(r[0]) != r[1:]]
+            self._reported.update({r[0]: r[1:] for r in changed})
+            if changed:
+                self.on_progress(changed)
+            return
+        for rank, events, step in readings:
+            self._watch.observe(rank, events, step, now)
         stall = self._watch.stuck(now)
         if stall is not None:
-            self._stop_stuck(stall, exits)
+            self.on_stall(describe_stall(stall, self.host, self.stall_timeout))
+            self._dump_stacks_and_kill(stall.rank, stall.behind_s, exits)
 
-    def _stop_stuck(self, stall: Stall, exits: dict[int, RankExit]) -> None:
-        """Name the stuck rank, have every rank here print its stack, then kill the stuck one."""
-        where = f"rank {stall.rank}" + (f" on {self.host}" if self.host else "")
-        step = f"after step {stall.step}" if stall.step >= 0 else "in its first step"
-        went = "in the same step" if stall.others_step == stall.step else f"to step {stall.others_step}"
-        self.on_stall(f"{where} is stuck {step}: no progress for {stall.behind_s:.0f} s while the other ranks "
-                      f"went on ({went}; --stall_timeout {self.stall_timeout:g}); "
-                      f"the Python stack of every rank{' on ' + self.host if self.host else ''} follows")
+    def _dump_stacks_and_kill(self, rank: int, behind_s: float, exits: dict[int, RankExit]) -> None:
+        """Have every rank here print its stack, then kill the stuck one (its exit ends or restarts the job)."""
         running = [p for p in self.procs if p.spec.rank not in exits and p.popen.poll() is None]
         for proc in running:   # only ranks that reported progress registered faulthandler on SIGUSR1
             if os.path.exists(progress_path(self._progress_dir, proc.spec.rank)):
@@ -187,10 +219,12 @@ class Supervisor:
                 except ProcessLookupError:
                     pass
         time.sleep(STACKS_SECONDS)   # the stacks come through the ranks' stderr threads meanwhile
-        self._stalled[stall.rank] = stall.behind_s
-        stuck = next((p for p in running if p.spec.rank == stall.rank), None)
+        self._stalled[rank] = behind_s
+        stuck = next((p for p in running if p.spec.rank == rank), None)
         if stuck is not None and stuck.popen.poll() is None:
-            stuck.popen.kill()
+            _code, pid = _kill(stuck.popen)
+            if pid is not None:   # in the kernel (a hung file system): the job ends without it
+                self._unkillable[rank] = pid
 
 
 def _kill(popen) -> tuple[int, int | None]:

@@ -191,3 +191,47 @@ def test_an_agents_word_of_a_failed_rank_stops_the_other_nodes_before_its_exit_c
     assert [line for line in said if "exited with code" in line] == \
         ["dslaunch: rank 1 on 127.0.0.1 exited with code 3 (the first failure; every other rank was stopped)"]
     assert controller.outcome.failure.tail == ("config error: boom",)
+
+
+def test_a_rank_stuck_on_a_node_of_its_own_is_named_once_and_its_node_asked_for_the_stacks(capsys):
+    """--stall_timeout judged by dslaunch: one rank per node, node 1's rank stops moving while node 0's
+    goes on; dslaunch names it, asks node 1's agent (only) for its stacks, and ends with its exit."""
+    hosts = parse_hostfile("localhost slots=1\n127.0.0.1 slots=1\n", "h")
+    plan = build_plan(hosts, LaunchOptions(script="t.py", launcher="ssh", no_preflight=True, stall_timeout=1.0),
+                      Machine(python="/py", cwd="/", environ={}))
+    controller = Controller(plan, grace=0.1, delivery="stdin")
+    asked = {}
+
+    def told(reader):
+        for line in reader:
+            message = json.loads(line)
+            if message["type"] in ("stop", "stacks"):
+                return message
+
+    def node0(sock, reader):
+        send(sock, {"type": "progress", "ranks": [[0, 5, 2]]}, {"type": "progress", "ranks": [[0, 6, 2]]})
+        asked[0] = told(reader)
+        send(sock, {"type": "exit", "rank": 0, "local_rank": 0, "returncode": -15}, {"type": "done", "ok": False})
+
+    def node1(sock, reader):
+        send(sock, {"type": "progress", "ranks": [[1, 5, 2]]})
+        asked[1] = told(reader)   # the agent dumps its ranks' stacks and kills the stuck one
+        send(sock, {"type": "failing", "rank": 1, "local_rank": 0, "returncode": -9},
+             {"type": "exit", "rank": 1, "local_rank": 0, "returncode": -9, "stalled_s": 1.0})
+        told(reader)
+        send(sock, {"type": "done", "ok": False})
+
+    def start(endpoint):
+        for rank, then in ((0, node0), (1, node1)):
+            key = controller.credentials.key_for(rank)
+            threading.Thread(target=fake_agent, args=(endpoint, key, rank, then), daemon=True).start()
+        return []
+
+    code = controller.run(start)
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("dslaunch: ")]
+    assert asked[1] == {"type": "stacks", "rank": 1, "behind_s": asked[1]["behind_s"]}
+    assert asked[0]["type"] == "stop"   # node 0 is only stopped, once node 1's rank failed
+    stuck = [line for line in said if "is stuck" in line]
+    assert len(stuck) == 1 and stuck[0].startswith("dslaunch: rank 1 on 127.0.0.1 is stuck after step 2"), said
+    assert said.index(stuck[0]) < next(i for i, line in enumerate(said) if "was stopped as stuck" in line)
+    assert code == 137

@@ -36,3 +36,14 @@ def test_progress_files_are_read_as_events_and_step(tmp_path):
     assert read_progress(str(path)) is None
     path.write_text("12 3\n".ljust(40))
     assert read_progress(str(path)) == (12, 3)
+
+
+def test_a_long_job_keeps_a_bounded_history():
+    watch = StallWatch(5.0)
+    for events in range(1, 10_001):
+        for rank in (0, 1):
+            watch.observe(rank, events, events // 3, now=events * 0.01 + rank * 0.001)
+        watch.stuck(now=events * 0.01)
+    assert len(watch.lead_history) <= 2
+    watch.observe(0, 10_001, 3333, now=200.0)   # rank 1 stops; rank 0 goes on
+    assert watch.stuck(now=204.9) is None and watch.stuck(now=205.0).rank == 1
