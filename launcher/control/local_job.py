@@ -10,7 +10,7 @@ from launcher.errors import EXIT_SIGINT
 from launcher.node.process import RankOutput
 from launcher.node.ranks import rank_specs
 from launcher.output_modes import OutputFilter
-from launcher.node.supervisor import Supervisor
+from launcher.node.supervisor import NodeHooks, NodeSettings, Supervisor
 from launcher.planning.plan import JobPlan, with_master_port
 from launcher.wire import free_port
 
@@ -37,8 +37,9 @@ def run_local_try(plan: JobPlan, environ: dict[str, str], grace: float = 3.0) ->
             console.say(f"rank {done.rank} failed; its last {len(tail)} lines (held by --output failures):")
             for line in tail:
                 console.print_rank_line(RankOutput(done.rank, "stderr", line))
-    supervisor = Supervisor(specs, on_output=on_output, on_exit=on_exit, log_dir=plan.log_dir, grace=grace,
-                            host=plan.nodes[0].host, stall_timeout=plan.stall_timeout, on_stall=console.say)
+    supervisor = Supervisor(specs, NodeHooks(on_output=on_output, on_exit=on_exit, on_stall=console.say),
+                            NodeSettings(log_dir=plan.log_dir, grace=grace, host=plan.nodes[0].host,
+                                         stall_timeout=plan.stall_timeout))
     handlers = _install_signal_handlers(supervisor)
     try:
         supervisor.start()

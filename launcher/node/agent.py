@@ -20,7 +20,7 @@ import time
 from launcher.handshake import proof, read_agent_key
 from launcher.node.ranks import rank_specs
 from launcher.output_modes import OutputFilter
-from launcher.node.supervisor import Supervisor
+from launcher.node.supervisor import NodeHooks, NodeSettings, Supervisor
 from launcher.planning.render import ranks_from_json
 from launcher.wire import HEARTBEAT_SECONDS, Channel, free_port, keepalive
 
@@ -79,10 +79,10 @@ class Agent:
         cores = sorted(os.sched_getaffinity(0)) if job.get("bind_cores") else ()
         specs = rank_specs(ranks_from_json(node), job["master_addr"], job["workdir"], dict(os.environ),
                            remap_devices=True, cores=cores)
-        self.supervisor = Supervisor(specs, on_output=self._send_output, on_exit=self._send_exit,
-                                     log_dir=job.get("log_dir"), grace=float(job.get("grace", 3.0)),
-                                     host=node["host"], on_failure=self._send_failing,
-                                     on_progress=self._send_progress if job.get("stall_timeout") else None)
+        hooks = NodeHooks(on_output=self._send_output, on_exit=self._send_exit, on_failure=self._send_failing,
+                          on_progress=self._send_progress if job.get("stall_timeout") else None)
+        self.supervisor = Supervisor(specs, hooks, NodeSettings(log_dir=job.get("log_dir"), host=node["host"],
+                                                                grace=float(job.get("grace", 3.0))))
         threading.Thread(target=self._listen, daemon=True).start()
         threading.Thread(target=self._heartbeat, daemon=True).start()
         try:

@@ -42,6 +42,34 @@ class NodeResult:
         return self.first_failure is None and self.stopped_by is None
 
 
+def _ignore(_event) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class NodeHooks:
+    """Where a Supervisor reports (it never prints): every rank's lines, exits, the first failure as
+    soon as it is seen, a stuck rank (local runner), and changed progress readings (an agent)."""
+
+    on_output: Callable[[RankOutput], None]
+    on_exit: Callable[[RankExit], None] = _ignore
+    on_failure: Callable[[RankExit], None] = _ignore
+    on_stall: Callable[[str], None] = _ignore
+    on_progress: Callable[[list[tuple[int, int, int]]], None] | None = None
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """Where rank logs go, the stop's grace, this node's host name, --stall_timeout, and where the
+    ranks' progress folders are made (default: the temp dir)."""
+
+    log_dir: str | None = None
+    grace: float = 3.0
+    host: str = ""
+    stall_timeout: float | None = None
+    progress_root: str | None = None
+
+
 class Supervisor:
     """Starts `specs`, watches them, and tears all of them down on the first failure.
 
@@ -56,13 +84,12 @@ class Supervisor:
     rank of the job), changed readings go out through it and `request_stacks` does the rest.
     """
 
-    def __init__(self, specs: list[RankSpec], on_output: Callable[[RankOutput], None],
-                 on_exit: Callable[[RankExit], None] = lambda e: None, log_dir: str | None = None,
-                 grace: float = 3.0, host: str = "", on_failure: Callable[[RankExit], None] = lambda e: None,
-                 spawner: Callable[..., RankProcess] = spawn, stall_timeout: float | None = None,
-                 on_stall: Callable[[str], None] = lambda message: None,
-                 on_progress: Callable[[list[tuple[int, int, int]]], None] | None = None,
-                 progress_root: str | None = None):
+    def __init__(self, specs: list[RankSpec], hooks: NodeHooks, settings: NodeSettings = NodeSettings(),
+                 spawner: Callable[..., RankProcess] = spawn):
+        on_output, on_exit, on_failure = hooks.on_output, hooks.on_exit, hooks.on_failure
+        on_stall, on_progress = hooks.on_stall, hooks.on_progress
+        log_dir, grace, host = settings.log_dir, settings.grace, settings.host
+        stall_timeout, progress_root = settings.stall_timeout, settings.progress_root
         self.specs = specs
         self.on_output = on_output
         self.on_exit = on_exit

@@ -9,7 +9,7 @@ import threading
 
 from launcher.node.process import RankSpec, spawn
 from launcher.node.stall import PROGRESS_PREFIX
-from launcher.node.supervisor import Supervisor
+from launcher.node.supervisor import NodeHooks, NodeSettings, Supervisor
 
 # writes its progress once (5 events, step 2) and registers faulthandler as the rank side does, then hangs
 RANK = ("import faulthandler, os, signal, sys, time\n"
@@ -37,9 +37,10 @@ def test_progress_goes_out_on_change_and_a_stacks_request_dumps_every_rank_then_
         if len(sent) == 1:   # dslaunch would ask once the others had been past rank 5 for the timeout
             threading.Timer(1.5, supervisor.request_stacks, args=(5, 42.0)).start()
 
-    supervisor = Supervisor(specs, on_output=lambda event: lines.append((event.rank, event.line)),
-                            on_exit=lambda done: exits.setdefault(done.rank, done), grace=1.0,
-                            stall_timeout=30.0, on_progress=on_progress, progress_root=str(tmp_path))
+    supervisor = Supervisor(specs, NodeHooks(on_output=lambda event: lines.append((event.rank, event.line)),
+                                             on_exit=lambda done: exits.setdefault(done.rank, done),
+                                             on_progress=on_progress),
+                            NodeSettings(grace=1.0, stall_timeout=30.0, progress_root=str(tmp_path)))
     supervisor.start()
     assert not left.exists()
     mine = [p for p in tmp_path.iterdir() if p.name.startswith(f"{PROGRESS_PREFIX}{os.getpid()}-")]
@@ -91,8 +92,8 @@ def test_a_stuck_rank_that_outlives_sigkill_ends_the_job_named_with_its_pid(tmp_
     def on_progress(readings):
         supervisor.request_stacks(1, 30.0)
 
-    supervisor = Supervisor(specs, on_output=lambda event: None, grace=1.0, spawner=spawner, stall_timeout=30.0,
-                            on_progress=on_progress, progress_root=str(tmp_path))
+    supervisor = Supervisor(specs, NodeHooks(on_output=lambda event: None, on_progress=on_progress),
+                            NodeSettings(grace=1.0, stall_timeout=30.0, progress_root=str(tmp_path)), spawner=spawner)
     supervisor.start()
     try:
         result = supervisor.run()   # a hang here is the failure: the job waited for a rank that never ends

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from launcher.node.process import RankProcess, RankSpec, spawn
-from launcher.node.supervisor import Supervisor
+from launcher.node.supervisor import NodeHooks, NodeSettings, Supervisor
 
 
 def specs_for(code, count, tmp_path):
@@ -39,8 +39,9 @@ def test_the_other_ranks_are_stopped_before_the_failed_ranks_exit_is_reported(tm
 
     def on_exit(done):
         events.append(("exit", done.rank, done.returncode, "peer running" if peer_running() else "peer gone"))
-    supervisor = Supervisor(specs_for(FAILS_FIRST, 2, tmp_path), on_output=lambda line: None, on_exit=on_exit,
-                            on_failure=on_failure, grace=5.0)
+    supervisor = Supervisor(specs_for(FAILS_FIRST, 2, tmp_path),
+                            NodeHooks(on_output=lambda line: None, on_exit=on_exit, on_failure=on_failure),
+                            NodeSettings(grace=5.0))
     supervisor.start()
     result = supervisor.run()
     assert events == [("failing", 0, 2, "peer running"),      # told at once (the agent tells dslaunch)
@@ -66,7 +67,8 @@ def test_teardown_of_eight_ranks_with_escaped_pipes_takes_one_wait_not_eight(tmp
     def on_exit(done):
         reported.setdefault("failure", time.monotonic())
         reported.setdefault("ranks", []).append(done.rank)
-    supervisor = Supervisor(specs_for(STAY, 8, tmp_path), on_output=lambda line: None, on_exit=on_exit, grace=1.0)
+    supervisor = Supervisor(specs_for(STAY, 8, tmp_path), NodeHooks(on_output=lambda line: None, on_exit=on_exit),
+                            NodeSettings(grace=1.0))
     supervisor.start()
     result = supervisor.run()
     after_failure = time.monotonic() - reported["failure"]
@@ -104,8 +106,9 @@ def test_a_rank_that_outlives_sigkill_is_reported_not_waited_for(tmp_path):
     def spawner(spec, on_output, log):
         return RankProcess(spec=spec, popen=stuck) if spec.rank == 1 else spawn(spec, on_output, log)
     exits = []
-    supervisor = Supervisor(specs_for(FAILS_FIRST, 2, tmp_path), on_output=lambda line: None, on_exit=exits.append,
-                            grace=0.1, host="n1", spawner=spawner)
+    supervisor = Supervisor(specs_for(FAILS_FIRST, 2, tmp_path),
+                            NodeHooks(on_output=lambda line: None, on_exit=exits.append),
+                            NodeSettings(grace=0.1, host="n1"), spawner=spawner)
     supervisor.start()
     result = supervisor.run()
     assert stuck.killed
