@@ -48,9 +48,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
         from launcher.zero.pipeline.build import initialize_pipeline
 
         refuse_in_pipeline(model)
-
-        # the group the PipelineModule was built on, with this process's local rank and device
-        world = init_distributed(env=environ)
+        world = init_distributed(env=environ)   # the PipelineModule's group; this process's local rank, device
         return initialize_pipeline(model, optimizer, lr_scheduler, source, training_data, collate_fn, world)
     _check_before_rendezvous(source, environ, optimizer, lr_scheduler, mpu, process_group)
     dist_context = context_from_group(process_group) if process_group is not None else init_distributed(env=environ)

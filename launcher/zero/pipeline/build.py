@@ -74,18 +74,21 @@ def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source,
     scaler = LossScaler(rules_from_config(cfg.fp16, 0)) if cfg.fp16.enabled else None
     engine = PipelineEngine(module, optimizer, scheduler, cfg, data_context, grid, schedule=schedule, masters=masters,
                             grad_holders=grad_holders, loss_scaler=scaler, shard=shard)
-    dataloader = None
-    if training_data is not None:
-        # DeepSpeed's pipeline loader: the data ranks' DistributedSampler shares without shuffling, repeated
-        # forever; the loader returned is the one the engine draws from (as DeepSpeed's is)
-        from launcher.zero.engine.data import EngineDataLoader, EngineSampler, RepeatingLoader
-
-        sampler = EngineSampler(training_data, data_parallel_size, engine.grid.get_data_parallel_rank(), shuffle=False)
-        dataloader = RepeatingLoader(EngineDataLoader(training_data, cfg.train_micro_batch_size_per_gpu, sampler,
-                                                      data_parallel_size, collate_fn=collate_fn,
-                                                      drop_last=cfg.dataloader_drop_last))
-        engine.set_dataiterator(dataloader)
+    dataloader = _dataloader(engine, training_data, cfg, collate_fn) if training_data is not None else None
     return engine, optimizer, dataloader, scheduler
+
+
+def _dataloader(engine: PipelineEngine, training_data, cfg, collate_fn):
+    """DeepSpeed's pipeline loader: the data ranks' DistributedSampler shares without shuffling, repeated
+    forever; the loader returned is the one the engine draws from (as DeepSpeed's is)."""
+    from launcher.zero.engine.data import EngineDataLoader, EngineSampler, RepeatingLoader
+
+    sampler = EngineSampler(training_data, engine.dp_world_size, engine.grid.get_data_parallel_rank(), shuffle=False)
+    dataloader = RepeatingLoader(EngineDataLoader(training_data, cfg.train_micro_batch_size_per_gpu, sampler,
+                                                  engine.dp_world_size, collate_fn=collate_fn,
+                                                  drop_last=cfg.dataloader_drop_last))
+    engine.set_dataiterator(dataloader)
+    return dataloader
 
 
 def _check_supported(cfg) -> None:
