@@ -34,6 +34,19 @@ def _check_parity(records):
             assert norm > CLIP  # clipping really acted
 
 
+def _check_accessors(records, dp, tensor, gas):
+    """DeepSpeed's engine accessors on a pipe 2 x data x tensor grid (DeepSpeed 0.19.8 gives the same
+    world/dp/mp sizes: mp is every rank of one data replica, stages times tensor ranks)."""
+    world = 2 * dp * tensor
+    for record in records:
+        views = record["accessors"]
+        assert views == {"world_size": world, "dp_world_size": dp, "mp_world_size": 2 * tensor,
+                         "global_rank": record["rank"], "local_rank": record["rank"], "device": "cpu",
+                         "train_batch_size": 2 * gas * dp, "train_micro_batch_size_per_gpu": 2,
+                         "gradient_accumulation_steps": gas, "global_samples": 4 * 2 * gas * dp,
+                         "was_step_applied": True}, record
+
+
 def _check_partition_bytes(records):
     for record in records:
         parts, stage = record["parts"], record["stage"]
@@ -48,6 +61,7 @@ def test_pipeline_2_x_data_2_matches_adamw(schedule, gas, model):
     records = _run(2, schedule, model, gas, "parameters")
     _check_parity(records)
     _check_partition_bytes(records)
+    _check_accessors(records, dp=2, tensor=1, gas=gas)
     # pipe-major: ranks 0, 1 are stage 0 (data 0, 1); ranks 2, 3 stage 1
     assert [(r["stage"], r["data_rank"]) for r in records] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert records[0]["parts"] == [0, 2, 5]    # 144 | 272 + 136: uneven layer counts
@@ -83,6 +97,7 @@ def test_pipeline_2_x_tensor_2_x_data_matches_adamw(world_size):
     """3D: 2 stages x 2 tensor ranks (x 2 data ranks at 8): three sharded MLP blocks and a head."""
     records = _run(2, "1f1b", "tp", 2, "uniform", world_size=world_size, tensor=2)
     _check_parity(records)
+    _check_accessors(records, dp=world_size // 4, tensor=2, gas=2)
     # model (tensor) innermost, then data, pipe outermost
     expected = [(s, d, m) for s in range(2) for d in range(world_size // 4) for m in range(2)]
     assert [(r["stage"], r["data_rank"], r["model_rank"]) for r in records] == expected

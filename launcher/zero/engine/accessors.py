@@ -1,8 +1,9 @@
 """DeepSpeed's engine accessors: what a script reads off the engine besides forward/backward/step.
 
-A mixin of ZeroEngine (zero_engine.py): views of what it was built with (``config``,
-``dist_context``, ``optimizer``, ``loss_scaler``, ``precision``, ``strategy``,
-``tensor_parallel``); the step's own state (counters, boundary, norm) is answered by the engine.
+Mixins of ZeroEngine (zero_engine.py) and, for what means the same there, of the pipeline's
+engine (pipeline/engine.py): views of what it was built with (``config``, ``dist_context``,
+``optimizer``, ``loss_scaler``, ``precision``, ``strategy``, ``tensor_parallel``); the step's own
+state (counters, boundary, norm) is answered by the engine.
 """
 from __future__ import annotations
 
@@ -95,10 +96,10 @@ class ConfigAccessors:
         return clone_tensors_for_torch_save(state) if self.dist_context.rank == 0 else None
 
 
-class EngineAccessors(ConfigAccessors):
-    """The data-parallel engine's views of its ranks, strategy and precision, besides ConfigAccessors."""
+class RankAccessors:
+    """Where this rank stands, for both engines: ``dist_context`` is the ranks its ZeRO stage shards
+    and averages over (the data-parallel ranks), torch.distributed the whole job."""
 
-    # ---- DeepSpeed's accessors ------------------------------------------------------------
     @property
     def device(self) -> torch.device:
         return self.dist_context.device
@@ -106,7 +107,7 @@ class EngineAccessors(ConfigAccessors):
     @property
     def global_rank(self) -> int:
         """This process's rank in the whole job (``dist_context.rank`` is its data-parallel rank,
-        which differs under ``mpu=``)."""
+        which differs under ``mpu=`` and in a pipeline)."""
         return torch.distributed.get_rank() if torch.distributed.is_initialized() else self.dist_context.rank
 
     @property
@@ -115,14 +116,18 @@ class EngineAccessors(ConfigAccessors):
 
     @property
     def world_size(self) -> int:
-        """Ranks in the whole job, as DeepSpeed's ``dist.get_world_size()``; under ``mpu=`` that is the
-        data-parallel size (``dp_world_size``) times the tensor-parallel size (``mp_world_size``)."""
+        """Ranks in the whole job, as DeepSpeed's ``dist.get_world_size()``: ``dp_world_size`` times
+        ``mp_world_size``."""
         return torch.distributed.get_world_size() if torch.distributed.is_initialized() else self.dist_context.world_size
 
     @property
     def dp_world_size(self) -> int:
         """The data-parallel size: the ranks this engine's ZeRO stage shards and averages over."""
         return self.dist_context.world_size
+
+
+class EngineAccessors(ConfigAccessors, RankAccessors):
+    """The data-parallel engine's views of its ranks, strategy and precision, besides ConfigAccessors."""
 
     def memory_breakdown(self) -> dict[str, int]:
         """Bytes this rank holds for parameters, gradients, master weights and optimizer state."""

@@ -48,8 +48,8 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
         from launcher.zero.pipeline.build import initialize_pipeline
 
         refuse_in_pipeline(model)
-
-        return initialize_pipeline(model, optimizer, lr_scheduler, source, training_data, collate_fn)
+        world = init_distributed(env=environ)   # the PipelineModule's group; this process's local rank, device
+        return initialize_pipeline(model, optimizer, lr_scheduler, source, training_data, collate_fn, world)
     _check_before_rendezvous(source, environ, optimizer, lr_scheduler, mpu, process_group)
     dist_context = context_from_group(process_group) if process_group is not None else init_distributed(env=environ)
     dist_context = _data_parallel_context(mpu, dist_context) if mpu is not None else dist_context

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from launcher.zero.config.load import load_config
-from launcher.zero.distributed.context import context_from_group
+from launcher.zero.distributed.context import DistContext, context_from_group
 from launcher.zero.errors import ConfigError
 from launcher.zero.engine.loss_scaler import LossScaler, rules_from_config
 from launcher.zero.optim import build_optimizer
@@ -23,8 +23,10 @@ from launcher.zero.sched import build_scheduler
 from launcher.zero.stages.base import StrategyContext
 
 
-def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source, training_data, collate_fn):
-    """Returns ``(engine, optimizer, dataloader, lr_scheduler)`` like ``zero.initialize``."""
+def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source, training_data, collate_fn,
+                        world: DistContext):
+    """Returns ``(engine, optimizer, dataloader, lr_scheduler)`` like ``zero.initialize``; ``world``: the
+    whole job's context (its local rank and device are this process's)."""
     topo = module.topology()
     data_parallel_size = max(1, topo.get_dim("data"))
     cfg = load_config(source, world_size=data_parallel_size)
@@ -38,11 +40,14 @@ def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source,
     if stages not in ("auto", None) and stages != module.num_stages:
         raise ConfigError(f"pipeline.stages is {stages} but the PipelineModule has {module.num_stages} stages",
                           hint='make them agree, or set "stages": "auto"')
-    device = torch.device("cpu") if not torch.cuda.is_available() else torch.device("cuda", torch.cuda.current_device())
+    device = world.device
     precision = precision_policy(cfg)
     module.to(device=device, dtype=precision.param_dtype)
     params = [p for p in module.parameters() if p.requires_grad]
     grid = module.grid() if module.grid() is not None else ParallelGrid(topo)
+    # the data-parallel ranks: what ZeRO-1 shards over and what dp_world_size / local_rank / device answer
+    data_context = context_from_group(grid.get_data_parallel_group(), device=device, local_rank=world.local_rank,
+                                      local_world_size=world.local_world_size)
     masters = grad_holders = None
     if precision.param_dtype != torch.float32 and cfg.zero_stage == 1:
         # fp16 / bf16 at stage 1: the fp32 master is this data rank's slice alone (the shard's), the
@@ -59,7 +64,6 @@ def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source,
                               hint="pass a callable (params -> optimizer) or an 'optimizer' config section")
         if cfg.optimizer is not None and not callable(optimizer):
             check_shardable(cfg.optimizer)
-        data_context = context_from_group(grid.get_data_parallel_group(), device=device)
         shard = OptimizerShard(stepped, StrategyContext(config=cfg, dist_context=data_context, precision=precision))
         stepped = [shard.param]
     if not stepped:
@@ -68,20 +72,23 @@ def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source,
     optimizer = _optimizer(optimizer, stepped, cfg)
     scheduler = _scheduler(lr_scheduler, optimizer, cfg)
     scaler = LossScaler(rules_from_config(cfg.fp16, 0)) if cfg.fp16.enabled else None
-    engine = PipelineEngine(module, optimizer, scheduler, cfg, device, grid, schedule=schedule, masters=masters,
+    engine = PipelineEngine(module, optimizer, scheduler, cfg, data_context, grid, schedule=schedule, masters=masters,
                             grad_holders=grad_holders, loss_scaler=scaler, shard=shard)
-    dataloader = None
-    if training_data is not None:
-        # DeepSpeed's pipeline loader: the data ranks' DistributedSampler shares without shuffling, repeated
-        # forever; the loader returned is the one the engine draws from (as DeepSpeed's is)
-        from launcher.zero.engine.data import EngineDataLoader, EngineSampler, RepeatingLoader
-
-        sampler = EngineSampler(training_data, data_parallel_size, engine.grid.get_data_parallel_rank(), shuffle=False)
-        dataloader = RepeatingLoader(EngineDataLoader(training_data, cfg.train_micro_batch_size_per_gpu, sampler,
-                                                      data_parallel_size, collate_fn=collate_fn,
-                                                      drop_last=cfg.dataloader_drop_last))
-        engine.set_dataiterator(dataloader)
+    dataloader = _dataloader(engine, training_data, cfg, collate_fn) if training_data is not None else None
     return engine, optimizer, dataloader, scheduler
+
+
+def _dataloader(engine: PipelineEngine, training_data, cfg, collate_fn):
+    """DeepSpeed's pipeline loader: the data ranks' DistributedSampler shares without shuffling, repeated
+    forever; the loader returned is the one the engine draws from (as DeepSpeed's is)."""
+    from launcher.zero.engine.data import EngineDataLoader, EngineSampler, RepeatingLoader
+
+    sampler = EngineSampler(training_data, engine.dp_world_size, engine.grid.get_data_parallel_rank(), shuffle=False)
+    dataloader = RepeatingLoader(EngineDataLoader(training_data, cfg.train_micro_batch_size_per_gpu, sampler,
+                                                  engine.dp_world_size, collate_fn=collate_fn,
+                                                  drop_last=cfg.dataloader_drop_last))
+    engine.set_dataiterator(dataloader)
+    return dataloader
 
 
 def _check_supported(cfg) -> None:

@@ -36,14 +36,16 @@ def optim_file(stage: int, model_rank: int) -> str:
     return f"optim_pipe_{stage:02d}_model_{model_rank:02d}.pt"
 
 
-def _tensors(module: torch.nn.Module) -> dict:
+def _tensors(module: torch.nn.Module, exclude_frozen_parameters: bool = False) -> dict:
+    frozen = ({name for name, p in module.named_parameters() if not p.requires_grad} if exclude_frozen_parameters
+              else set())
     state = {k: (v.detach().float().clone() if v.is_floating_point() else v.clone())
-             for k, v in module.state_dict().items()}
+             for k, v in module.state_dict().items() if k not in frozen}
     dims = {name: p.partition_dim for name, p in module.named_parameters() if getattr(p, "tensor_model_parallel", False)}
     return {"state": state, "partition_dims": dims}
 
 
-def _owned_files(engine) -> dict[str, dict]:
+def _owned_files(engine, exclude_frozen_parameters: bool) -> dict[str, dict]:
     """The files this rank writes: its layers and tied modules (data rank 0 only), and its optimizer."""
     grid, module, files = engine.grid, engine.module, {}
     # ZeRO-1: every data rank gives its slice of the optimizer state (collective); data rank 0 writes it whole
@@ -55,19 +57,23 @@ def _owned_files(engine) -> dict[str, dict]:
     for index in module.stage_layers(engine.stage_id):
         layer = module._modules.get(str(index))
         if layer is not None:
-            files[layer_file(index, model_rank)] = _tensors(layer)
+            files[layer_file(index, model_rank)] = _tensors(layer, exclude_frozen_parameters)
     for key, stages in module.tied_stages().items():
         if stages[0] == engine.stage_id:
-            files[tied_file(key, model_rank)] = _tensors(module.tied_modules[key])
+            files[tied_file(key, model_rank)] = _tensors(module.tied_modules[key], exclude_frozen_parameters)
     files[optim_file(engine.stage_id, model_rank)] = {
         "optimizer": optimizer,
         "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
-        "global_steps": engine.global_steps, "skipped_steps": engine.skipped_steps}
+        "loss_scaler": engine.loss_scaler.state_dict() if engine.loss_scaler is not None else None,
+        "global_steps": engine.global_steps, "global_samples": engine.global_samples,
+        "skipped_steps": engine.skipped_steps}
     return files
 
 
-def save(engine, save_dir, tag=None, client_state=None) -> str:
-    """Collective: every rank writes its files into a temporary folder; rank 0 renames it into place."""
+def save(engine, save_dir, tag=None, client_state=None, save_latest: bool = True,
+         exclude_frozen_parameters: bool = False) -> str:
+    """Collective: every rank writes its files into a temporary folder; rank 0 renames it into place
+    and, with ``save_latest``, points ``latest`` at it."""
     save_dir = os.fspath(save_dir)
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
     staging = os.path.join(save_dir, f".{tag}.tmp")
@@ -75,7 +81,7 @@ def save(engine, save_dir, tag=None, client_state=None) -> str:
         shutil.rmtree(staging, ignore_errors=True)
         os.makedirs(staging)
     dist.barrier()
-    for name, payload in _owned_files(engine).items():
+    for name, payload in _owned_files(engine, exclude_frozen_parameters).items():
         torch.save(payload, os.path.join(staging, name))
     dist.barrier()
     if engine.global_rank == 0:
@@ -89,10 +95,11 @@ def save(engine, save_dir, tag=None, client_state=None) -> str:
         with open(os.path.join(staging, fmt.METADATA), "w", encoding="utf-8") as handle:
             json.dump(metadata, handle, indent=1)
         _replace(staging, os.path.join(save_dir, tag))
-        latest = os.path.join(save_dir, f".{fmt.LATEST}.tmp")
-        with open(latest, "w", encoding="utf-8") as handle:
-            handle.write(tag)
-        os.replace(latest, os.path.join(save_dir, fmt.LATEST))
+        if save_latest:
+            latest = os.path.join(save_dir, f".{fmt.LATEST}.tmp")
+            with open(latest, "w", encoding="utf-8") as handle:
+                handle.write(tag)
+            os.replace(latest, os.path.join(save_dir, fmt.LATEST))
     dist.barrier()
     return os.path.join(save_dir, tag)
 
@@ -106,8 +113,10 @@ def _replace(staging: str, final: str) -> None:
 
 
 def load(engine, load_dir, tag=None, load_module_strict: bool = True, load_optimizer_states: bool = True,
-         load_lr_scheduler_states: bool = True):
-    """Load this rank's layers (any data size, any pipeline size) and, with the same stages, its optimizer."""
+         load_lr_scheduler_states: bool = True, load_module_only: bool = False):
+    """Load this rank's layers (any data size, any pipeline size); unless ``load_module_only``, the
+    step counters, loss scale and (``load_lr_scheduler_states``) scheduler, and with
+    ``load_optimizer_states`` (same stages only) the optimizer state."""
     load_dir = os.fspath(load_dir)
     resolved = fmt.resolve_tag(load_dir, tag)
     if resolved is None:
@@ -135,31 +144,44 @@ def load(engine, load_dir, tag=None, load_module_strict: bool = True, load_optim
                 master.copy_(param.float())
     if engine.shard is not None:     # the optimizer's slice restarts from the loaded weights too
         engine.shard.refresh()
-    if load_optimizer_states:
-        _load_optimizer(engine, path, metadata, model_rank, load_lr_scheduler_states)
+    if not load_module_only:
+        _load_training_state(engine, path, metadata, model_rank, load_optimizer_states, load_lr_scheduler_states)
     client = _read(path, "client_state.pt")["client_state"]
     return path, client
 
 
-def _load_optimizer(engine, path: str, metadata: dict, model_rank: int, with_scheduler: bool) -> None:
-    if metadata["pipe"] != engine.num_stages or metadata["parts"] != engine.module.parts:
+def _load_training_state(engine, path: str, metadata: dict, model_rank: int, with_optimizer: bool,
+                         with_scheduler: bool) -> None:
+    same_stages = metadata["pipe"] == engine.num_stages and metadata["parts"] == engine.module.parts
+    if with_optimizer and not same_stages:
         raise CheckpointError(f"{path}: optimizer states were saved for {metadata['pipe']} stages with parts "
                               f"{metadata['parts']}, this run has {engine.num_stages} with {engine.module.parts}",
-                              hint="load_checkpoint(..., load_optimizer_states=False) loads the weights alone")
-    state = _read(path, optim_file(engine.stage_id, model_rank))
-    saved_sharded = isinstance(state["optimizer"], dict) and state["optimizer"].get("sharded_over_data", False)
+                              hint="load_checkpoint(..., load_optimizer_states=False) loads the weights, the "
+                                   "scheduler and the step counters without the optimizer state")
+    # every stage's file holds the same scheduler and counters: another layout reads stage 0's
+    state = _read(path, optim_file(engine.stage_id if same_stages else 0, model_rank))
+    if with_optimizer:
+        _load_optimizer(engine, path, state["optimizer"])
+    if with_scheduler and engine.lr_scheduler is not None and state["lr_scheduler"] is not None:
+        engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
+    if engine.loss_scaler is not None and state.get("loss_scaler") is not None:
+        engine.loss_scaler.load_state_dict(state["loss_scaler"])
+    engine.global_steps, engine.skipped_steps = state["global_steps"], state["skipped_steps"]
+    # older checkpoints have no sample count: every step was a full train_batch
+    engine.global_samples = state.get("global_samples", state["global_steps"] * engine.train_batch_size())
+
+
+def _load_optimizer(engine, path: str, saved: dict) -> None:
+    saved_sharded = isinstance(saved, dict) and saved.get("sharded_over_data", False)
     if saved_sharded != (engine.shard is not None):
         stages = ("1", "0") if saved_sharded else ("0", "1")
         raise CheckpointError(f"{path}: optimizer states were saved at ZeRO stage {stages[0]}, this run is at "
                               f"stage {stages[1]}", hint="run at the saved stage, or load_checkpoint(..., "
-                              "load_optimizer_states=False) for the weights alone")
+                              "load_optimizer_states=False) for all but the optimizer state")
     if engine.shard is not None:     # saved whole: this data rank takes its slice (any data size)
-        engine.shard.load_full_state(engine.optimizer, state["optimizer"])
+        engine.shard.load_full_state(engine.optimizer, saved)
     else:
-        engine.optimizer.load_state_dict(state["optimizer"])
-    if with_scheduler and engine.lr_scheduler is not None and state["lr_scheduler"] is not None:
-        engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
-    engine.global_steps, engine.skipped_steps = state["global_steps"], state["skipped_steps"]
+        engine.optimizer.load_state_dict(saved)
 
 
 def _read(path: str, name: str):

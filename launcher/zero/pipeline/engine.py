@@ -15,9 +15,10 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from launcher.zero.engine.accessors import ConfigAccessors
+from launcher.zero.distributed.context import DistContext
+from launcher.zero.engine.accessors import ConfigAccessors, RankAccessors
 from launcher.zero.engine.precision import skips_non_finite
-from launcher.zero.errors import ConfigError
+from launcher.zero.errors import ConfigError, NotSupportedError
 from launcher.zero.parallel.grid import ParallelGrid
 from launcher.zero.pipeline.module import PipelineModule
 from launcher.zero.pipeline.p2p import StageLink
@@ -25,10 +26,14 @@ from launcher.zero.pipeline.schedule import BACKWARD, FORWARD, build_schedule
 from launcher.zero.stages.base import grad_factor
 
 
-class PipelineEngine(ConfigAccessors):
-    """DeepSpeed's ``PipelineEngine`` surface: ``train_batch``, ``eval_batch``, ``grid``, counters."""
+class PipelineEngine(ConfigAccessors, RankAccessors):
+    """DeepSpeed's ``PipelineEngine`` surface: ``train_batch``, ``eval_batch``, ``grid``, counters.
 
-    def __init__(self, module: PipelineModule, optimizer, lr_scheduler, config, device: torch.device,
+    ``dist_context``: this rank's data-parallel ranks (the group ZeRO-1 shards over), with the
+    process's local rank and device, so ``dp_world_size``, ``local_rank`` and ``device`` read as
+    on the data-parallel engine (RankAccessors)."""
+
+    def __init__(self, module: PipelineModule, optimizer, lr_scheduler, config, dist_context: DistContext,
                  grid: ParallelGrid, schedule: str = "1f1b", masters: list | None = None, loss_scaler=None, shard=None,
                  grad_holders: list | None = None):
         self.module = module
@@ -44,19 +49,20 @@ class PipelineEngine(ConfigAccessors):
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
         self.zero_config = config
-        self.device = device
+        self.dist_context = dist_context
         self.schedule_name = schedule
         self.grid = grid
-        self.global_rank = self.grid.global_rank
         self.num_stages = self.grid.pipe_parallel_size
         self.stage_id = self.grid.stage_id
         self.micro_batches = config.gradient_accumulation_steps
         self.global_steps = 0
+        self.global_samples = 0
         self.skipped_steps = 0
         self._global_grad_norm: float | None = None
+        self._step_applied = False
         self.schedule_timing: dict[str, float] = {}
         self.data_iterator: Iterator | None = None
-        self._link = StageLink(device)
+        self._link = StageLink(dist_context.device)
         self.num_chunks = module.num_virtual_stages
         # interleaved: a pair of ranks carries activations and gradients both ways, so each kind gets its own
         # group (its own FIFO, on gloo and NCCL alike); one chunk per rank keeps the default group
@@ -84,8 +90,20 @@ class PipelineEngine(ConfigAccessors):
     def is_last_stage(self) -> bool:
         return self.stage_id == self.num_stages - 1
 
+    @property
+    def mp_world_size(self) -> int:
+        """The ranks that hold one replica of the model: stages times tensor ranks. DeepSpeed's
+        meaning for a pipeline (its grid's model-parallel group is every rank of one data replica;
+        recorded with DeepSpeed 0.19.8: 2 on pipe 2 x data 2, 4 on pipe 2 x tensor 2 x data 2),
+        so ``world_size == dp_world_size * mp_world_size`` as on the data-parallel engine."""
+        return self.grid.pipe_parallel_size * self.grid.model_parallel_size
+
     def get_global_grad_norm(self) -> float | None:
         return self._global_grad_norm
+
+    def was_step_applied(self) -> bool:
+        """Whether the last ``train_batch`` stepped the optimizer (False when it was skipped)."""
+        return self._step_applied
 
     def set_dataiterator(self, iterator: Iterator) -> None:
         self.data_iterator = iterator
@@ -101,16 +119,27 @@ class PipelineEngine(ConfigAccessors):
     def __call__(self, *args, **kwargs):
         raise ConfigError("a pipeline engine is not called per micro-batch", hint="use engine.train_batch(data_iter)")
 
-    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True) -> str:
-        """Collective: every stage's layers and optimizer under ``save_dir/<tag>`` (see pipe/checkpoint.py)."""
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
+                        exclude_frozen_parameters: bool = False) -> str:
+        """Collective: every stage's layers and optimizer under ``save_dir/<tag>`` (pipeline/checkpoint.py).
+        ``save_latest=False`` leaves ``latest`` as it was; ``exclude_frozen_parameters`` leaves the
+        parameters without ``requires_grad`` out of the layer files (load with ``load_module_strict=False``)."""
         from launcher.zero.pipeline.checkpoint import save
-        return save(self, save_dir, tag, client_state)
+        return save(self, save_dir, tag, client_state, save_latest=save_latest,
+                    exclude_frozen_parameters=exclude_frozen_parameters)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True, load_optimizer_states: bool = True,
-                        load_lr_scheduler_states: bool = True, **_ignored):
-        """Returns ``(tag folder, client_state)``, or ``(None, None)`` when there is no checkpoint."""
+                        load_lr_scheduler_states: bool = True, load_module_only: bool = False, custom_load_fn=None):
+        """Returns ``(tag folder, client_state)``, or ``(None, None)`` when there is no checkpoint.
+        ``load_module_only``: the weights alone; ``load_optimizer_states=False``: all but the optimizer
+        state (the scheduler and the step counters too, as DeepSpeed), also at another pipeline layout."""
         from launcher.zero.pipeline.checkpoint import load
-        return load(self, load_dir, tag, load_module_strict, load_optimizer_states, load_lr_scheduler_states)
+
+        if custom_load_fn is not None:   # DeepSpeed's pipeline engine does not take one either
+            raise NotSupportedError("load_checkpoint(custom_load_fn=...) is not supported with pipeline parallelism",
+                                    hint="leave custom_load_fn out: each stage loads its own layer files")
+        return load(self, load_dir, tag, load_module_strict, load_optimizer_states, load_lr_scheduler_states,
+                    load_module_only)
 
     # ---- ties ---------------------------------------------------------------------------
     def _build_tie_groups(self) -> dict[str, tuple[list[int], Any]]:
@@ -306,7 +335,7 @@ class PipelineEngine(ConfigAccessors):
         norm = float("inf") if overflow else norm / scale
         if overflow and skips_non_finite(self._param_dtype, self.zero_config):
             self.skipped_steps += 1
-            self._global_grad_norm = None
+            self._global_grad_norm, self._step_applied = None, False
         else:
             factor = grad_factor(norm, scale, self.zero_config.gradient_clipping)
             if factor != 1.0:
@@ -322,7 +351,7 @@ class PipelineEngine(ConfigAccessors):
                         param.copy_(master)
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step()
-            self._global_grad_norm = norm
+            self._global_grad_norm, self._step_applied = norm, True
         if self.loss_scaler is not None:
             self.loss_scaler.update(overflow)
         self.optimizer.zero_grad(set_to_none=True)
@@ -330,6 +359,7 @@ class PipelineEngine(ConfigAccessors):
             for param, holder in self._holders():
                 param.grad = holder.grad = None
         self.global_steps += 1
+        self.global_samples += self.train_batch_size()
 
 
 def _to(value: Any, device: torch.device) -> Any:

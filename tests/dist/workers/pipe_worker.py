@@ -144,10 +144,21 @@ def main():
         "data_rank": engine.grid.get_data_parallel_rank(), "parts": module.parts, "keys": sorted(engine.state_dict()),
         "max_abs_error": error, "losses": losses, "global_steps": engine.global_steps, **extra, "reference_losses": ref_losses,
         "param_bytes": sum(p.numel() * p.element_size() for p in engine.parameters()), "tensor": tensor, "layer_forwards": calls[0],
-        "model_rank": grid.get_model_parallel_rank(),
+        "model_rank": grid.get_model_parallel_rank(), "accessors": accessors(engine),
         "optimizer_state_numel": sum(v.numel() for state in engine.optimizer.state.values() for v in state.values()
                                      if torch.is_tensor(v) and v.dim() > 0),
         "reference_param_counts": [sum(p.numel() for p in layer.parameters()) for layer in layers]}), flush=True)
+
+
+def accessors(engine) -> dict:
+    """What a DeepSpeed pipeline script reads off the engine besides train_batch."""
+    return {"world_size": engine.world_size, "dp_world_size": engine.dp_world_size,
+            "mp_world_size": engine.mp_world_size, "global_rank": engine.global_rank,
+            "local_rank": engine.local_rank, "device": str(engine.device),
+            "train_batch_size": engine.train_batch_size(),
+            "train_micro_batch_size_per_gpu": engine.train_micro_batch_size_per_gpu(),
+            "gradient_accumulation_steps": engine.gradient_accumulation_steps(),
+            "global_samples": engine.global_samples, "was_step_applied": engine.was_step_applied()}
 
 
 def _consolidated_error(folder, layers, module) -> float:
