@@ -52,6 +52,10 @@ class ChaosCluster:
     def down(self) -> None:
         self.script("down", check=False)
         subprocess.run(["umount", "-l", self.disk], check=False)
+        try:
+            os.rmdir(self.disk)
+        except OSError:
+            pass
 
     def restore(self) -> str | None:
         """Every node healed and its sshd running; a cluster that does not answer is made anew.
