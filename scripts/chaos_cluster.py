@@ -3,8 +3,9 @@ scripts/local-cluster of its own (``DSL_CLUSTER_NAME=NAME``), the faults only a 
 the checks that look at every node.
 
 The cluster is NODES nodes of SLOTS ranks each and the global batch BATCH, so the job's world size
-before and after a node is lost (6, then 4) divides the batch. Two ranks a node, because
-``--stall_timeout`` compares the ranks of one node: a stuck rank alone on its node is not found. Every node shares this filesystem,
+before and after a node is lost (6, then 4) divides the batch. Two ranks a node, so the stuck
+rank has a peer on its own node: the 100-round run was made when ``--stall_timeout`` compared only
+the ranks of one node, and one alone on its node went unnoticed (a hang). Every node shares this filesystem,
 so the checkpoints a round writes are on it; the nodes' mount namespaces were copied when their
 sshd started, so ``full_disk`` uses one tmpfs mounted before the cluster comes up and resized each
 round (a tmpfs's size belongs to its superblock, which every copy shares).
