@@ -9,10 +9,14 @@ a single-process run fed the same global batches. It prints a table per fault ki
 
     python scripts/chaos.py --rounds 100 [--seed 1] [--kinds kill_rank,stuck_rank]
 
-This version runs the ranks on this machine (the local runner); ``full_disk`` (root only) puts
+By default the ranks run on this machine (the local runner); ``full_disk`` (root only) puts
 the checkpoints on a tmpfs that fills up at a random save, and checks that ``latest`` still names
-a complete checkpoint. The faults that need the local cluster (an agent's SIGKILL, a cut link,
-sshd stopped before a restart) are not in it yet. ``python scripts/chaos.py --worker DIR`` is one rank of the job.
+a complete checkpoint. ``--cluster NAME`` (root) runs the job across 3 nodes of a local cluster of
+its own (scripts/local-cluster with DSL_CLUSTER_NAME=NAME, made anew and taken down at the end;
+see scripts/chaos_cluster.py), 2 ranks a node, with ssh or pdsh, ``--min_nodes 2``, and three more faults: an
+agent's SIGKILL, a cut link, sshd stopped before a restart; a leftover is then any process of the
+round on this machine or any process inside a node but its sshd.
+``python scripts/chaos.py --worker DIR`` is one rank of the job.
 """
 from __future__ import annotations
 
@@ -26,8 +30,11 @@ import sys
 import tempfile
 import time
 
+import chaos_cluster
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS, SAVE_EVERY, BATCH = 12, 3, 8
+STEPS, SAVE_EVERY = 12, 3
+BATCH = int(os.environ.get("CHAOS_BATCH", "8"))   # the global batch (12 on the cluster: 3 and 2 ranks divide it)
 HANG_S = 240.0
 # fault -> the exit code dslaunch documents for it (README, "Exit codes")
 EXPECTED = {"none": 0, "kill_rank": 0, "kill_in_checkpoint": 0, "stuck_rank": 0,   # restarted, finished
@@ -121,10 +128,11 @@ def rank_pids(tag: str, launcher_pid: int) -> list[int]:
     return [pid for pid, env in processes_of(tag).items() if "RANK" in env and pid != launcher_pid]
 
 
-def inject(kind: str, proc: subprocess.Popen, tag: str, directory: str, rng: random.Random) -> None:
-    """Wait for a random moment of the running job, then do the fault."""
+def inject(kind: str, proc: subprocess.Popen, tag: str, directory: str, rng: random.Random, cluster=None) -> str:
+    """Wait for a random moment of the running job, then do the fault; returns what was done."""
+    ranks = 2 if cluster is None else chaos_cluster.NODES * chaos_cluster.SLOTS
     deadline = time.monotonic() + HANG_S / 2
-    while time.monotonic() < deadline and proc.poll() is None and len(rank_pids(tag, proc.pid)) < 2:
+    while time.monotonic() < deadline and proc.poll() is None and len(rank_pids(tag, proc.pid)) < ranks:
         time.sleep(0.1)
     if kind == "kill_in_checkpoint":   # the moment a checkpoint's partial folder exists
         ckpt = os.path.join(directory, "ckpt")
@@ -135,38 +143,60 @@ def inject(kind: str, proc: subprocess.Popen, tag: str, directory: str, rng: ran
     else:
         time.sleep(rng.uniform(0.0, 4.0))
     if proc.poll() is not None:
-        return
+        return "nothing: the job had ended"
+    if kind in chaos_cluster.KINDS:
+        return chaos_cluster.inject(kind, cluster, rank_pids(tag, proc.pid), rng)
     if kind in ("kill_rank", "kill_in_checkpoint"):
         pids = rank_pids(tag, proc.pid)
         if pids:
-            os.kill(rng.choice(pids), signal.SIGKILL)
+            victim = rng.choice(pids)
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except ProcessLookupError:
+                return f"rank pid {victim} had ended"
+            return f"SIGKILL rank pid {victim}"
     elif kind == "kill_dslaunch":
         proc.send_signal(signal.SIGKILL)
     elif kind == "term_dslaunch":
         proc.send_signal(signal.SIGTERM)
     elif kind == "int_dslaunch":
         proc.send_signal(signal.SIGINT)
+    return kind
 
 
-def run_round(number: int, kind: str, rng: random.Random, want, python: str) -> dict:
+def run_round(number: int, kind: str, rng: random.Random, want, python: str, cluster=None) -> dict:
     import torch
 
     directory = tempfile.mkdtemp(prefix=f"dslaunch-chaos-{number}-")
     tag = f"{os.getpid()}-{number}"
     env = {**os.environ, "DSLAUNCH_CHAOS": tag, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
     env.pop("DSLAUNCH_DEBUG", None)
-    argv = [python, "-m", "launcher", "--num_gpus", "2", "--master_port", "0", "--no_local_rank",
-            "--max_restarts", "2", "--stall_timeout", "6", os.path.abspath(__file__), "--worker", directory]
+    rank_env = {}
     if kind == "stuck_rank":
-        env["CHAOS_STUCK_AT"] = str(rng.randrange(1, STEPS))
-    disk = os.path.join(directory, "ckpt") if kind == "full_disk" else None
-    if disk is not None:   # room for one to three of the job's four checkpoints (about 60 KiB each)
-        os.makedirs(disk)
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={rng.randrange(70, 200)}k", "tmpfs", disk], check=True)
+        rank_env["CHAOS_STUCK_AT"] = str(rng.randrange(1, STEPS))
+    if cluster is None:
+        env.update(rank_env)
+        argv = [python, "-m", "launcher", "--num_gpus", "2", "--master_port", "0", "--no_local_rank",
+                "--max_restarts", "2", "--stall_timeout", "6"]
+        launcher = "local"
+    else:
+        launcher = rng.choice(cluster.launchers)
+        argv = cluster.argv(python, tag, launcher, rank_env)
+    argv += [os.path.abspath(__file__), "--worker", directory]
+    disk = None
+    if kind == "full_disk":   # room for one to three of the job's four checkpoints (about 60 KiB each)
+        kib = rng.randrange(70, 200)
+        if cluster is None:
+            disk = os.path.join(directory, "ckpt")
+            os.makedirs(disk)
+            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", disk], check=True)
+        else:
+            disk = cluster.full_disk(directory, kib)
     started = time.monotonic()
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    done = "nothing"
     if kind not in ("none", "stuck_rank"):
-        inject(kind, proc, tag, directory, rng)
+        done = inject(kind, proc, tag, directory, rng, cluster)
     hang = False
     try:
         output, _ = proc.communicate(timeout=max(1.0, HANG_S - (time.monotonic() - started)))
@@ -175,12 +205,13 @@ def run_round(number: int, kind: str, rng: random.Random, want, python: str) -> 
         proc.kill()
         output, _ = proc.communicate()
     code = 128 - proc.returncode if proc.returncode < 0 else proc.returncode
-    left = processes_of(tag)
-    for _ in range(50):   # a process that is ending gets 5 s
+    restored = cluster.restore() if cluster is not None else None
+    left = _leftovers(tag, cluster)
+    for _ in range(150):   # a process that is ending gets 15 s (a node just healed answers late)
         if not left:
             break
         time.sleep(0.1)
-        left = processes_of(tag)
+        left = _leftovers(tag, cluster)
     for pid in left:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -194,14 +225,28 @@ def run_round(number: int, kind: str, rng: random.Random, want, python: str) -> 
     finished = os.path.exists(final)
     if disk is not None:
         wrong = not _latest_is_complete(disk)   # the last complete checkpoint is the one 'latest' names
-        subprocess.run(["umount", "-l", disk], check=False)
+        if cluster is None:
+            subprocess.run(["umount", "-l", disk], check=False)
     shutil.rmtree(directory, ignore_errors=True)
     ok = not hang and not left and code == EXPECTED[kind] and not wrong and (finished or EXPECTED[kind] != 0)
-    if not ok:
-        print(f"round {number} ({kind}) failed: exit {code} (expected {EXPECTED[kind]}), hang={hang}, "
-              f"orphans={len(left)}, wrong weights={wrong}, finished={finished}; last output:\n"
-              + "\n".join(output.splitlines()[-15:]), flush=True)
-    return {"kind": kind, "ok": ok, "orphans": len(left), "hang": hang, "wrong": wrong, "code_ok": code == EXPECTED[kind]}
+    if not ok or restored:
+        print(f"round {number} ({kind}, {launcher}: {done}) {'failed' if not ok else 'passed'}: exit {code} "
+              f"(expected {EXPECTED[kind]}), hang={hang}, orphans={len(left)}, wrong weights={wrong}, "
+              f"finished={finished}{'; ' + restored if restored else ''}"
+              + "".join(f"\n  left: {pid} {what}" for pid, what in left.items())
+              + "\nlast output:\n" + "\n".join(output.splitlines()[-25:]), flush=True)
+    return {"kind": kind, "ok": ok, "orphans": len(left), "hang": hang, "wrong": wrong, "code_ok": code == EXPECTED[kind],
+            "what": f"{launcher}: {done}, exit {code}"}
+
+
+def _leftovers(tag: str, cluster) -> dict[int, str]:
+    """pid -> what, for every process of the round still there (and, on a cluster, every process
+    inside a node but its sshd)."""
+    found = {pid: f"DSLAUNCH_CHAOS={tag}: {' '.join(env.get('RANK', '-').split())}"
+             for pid, env in processes_of(tag).items() if pid != os.getpid()}
+    if cluster is not None:
+        found.update(cluster.leftovers())
+    return found
 
 
 def _latest_is_complete(ckpt: str) -> bool:
@@ -228,14 +273,23 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--kinds", default=",".join(k for k in EXPECTED if k != "none"))
+    parser.add_argument("--kinds", help="comma-separated fault kinds to draw from (default: every kind there is)")
+    parser.add_argument("--cluster", metavar="NAME", help="run on a local cluster of this name (root; made anew)")
+    parser.add_argument("--launcher", default="ssh,pdsh", help="on the cluster: the runner(s) each round draws from")
     parser.add_argument("--table", metavar="PATH", help="rewrite the table here after every round")
     parser.add_argument("--worker", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         worker(args.worker)
         return 0
-    kinds = args.kinds.split(",")
+    global BATCH
+    cluster = None
+    if args.cluster:
+        EXPECTED.update(chaos_cluster.KINDS)
+        BATCH = chaos_cluster.BATCH
+        os.environ["CHAOS_BATCH"] = str(BATCH)
+        cluster = chaos_cluster.ChaosCluster(args.cluster, args.launcher.split(","))
+    kinds = args.kinds.split(",") if args.kinds else [k for k in EXPECTED if k != "none"]
     if os.geteuid() != 0 and "full_disk" in kinds:
         kinds.remove("full_disk")   # a tmpfs needs root
     unknown = [k for k in kinds if k not in EXPECTED]
@@ -244,13 +298,21 @@ def main(argv=None) -> int:
     rng = random.Random(args.seed)
     want = reference()
     results = []
-    for number in range(args.rounds):
-        kind = kinds[number % len(kinds)] if number < len(kinds) else rng.choice(kinds)
-        results.append(run_round(number, kind, rng, want, sys.executable))
-        print(f"round {number}: {kind}: {'passed' if results[-1]['ok'] else 'FAILED'}", flush=True)
-        if args.table:
-            with open(args.table, "w", encoding="utf-8") as handle:
-                handle.write(f"{len(results)} of {args.rounds} rounds (seed {args.seed})\n{table(results)}\n")
+    if cluster is not None:
+        cluster.up()
+    try:
+        for number in range(args.rounds):
+            kind = kinds[number % len(kinds)] if number < len(kinds) else rng.choice(kinds)
+            began = time.monotonic()
+            results.append(run_round(number, kind, rng, want, sys.executable, cluster))
+            print(f"round {number}: {kind}: {'passed' if results[-1]['ok'] else 'FAILED'} "
+                  f"({results[-1]['what']}; {time.monotonic() - began:.0f} s)", flush=True)
+            if args.table:
+                with open(args.table, "w", encoding="utf-8") as handle:
+                    handle.write(f"{len(results)} of {args.rounds} rounds (seed {args.seed})\n{table(results)}\n")
+    finally:
+        if cluster is not None:
+            cluster.down()
     print(table(results))
     return 0 if all(r["ok"] for r in results) else 1
 
