@@ -13,7 +13,7 @@ By default the ranks run on this machine (the local runner); ``full_disk`` (root
 the checkpoints on a tmpfs that fills up at a random save, and checks that ``latest`` still names
 a complete checkpoint. ``--cluster NAME`` (root) runs the job across 3 nodes of a local cluster of
 its own (scripts/local-cluster with DSL_CLUSTER_NAME=NAME, made anew and taken down at the end;
-see scripts/chaos_cluster.py), 2 ranks a node, with ssh or pdsh, ``--min_nodes 2``, and three more faults: an
+see scripts/chaos_cluster.py), 1 rank a node (``--slots 2`` for two), with ssh or pdsh, ``--min_nodes 2``, and three more faults: an
 agent's SIGKILL, a cut link, sshd stopped before a restart; a leftover is then any process of the
 round on this machine or any process inside a node but its sshd.
 ``python scripts/chaos.py --worker DIR`` is one rank of the job.
@@ -130,7 +130,7 @@ def rank_pids(tag: str, launcher_pid: int) -> list[int]:
 
 def inject(kind: str, proc: subprocess.Popen, tag: str, directory: str, rng: random.Random, cluster=None) -> str:
     """Wait for a random moment of the running job, then do the fault; returns what was done."""
-    ranks = 2 if cluster is None else chaos_cluster.NODES * chaos_cluster.SLOTS
+    ranks = 2 if cluster is None else chaos_cluster.NODES * cluster.slots
     deadline = time.monotonic() + HANG_S / 2
     while time.monotonic() < deadline and proc.poll() is None and len(rank_pids(tag, proc.pid)) < ranks:
         time.sleep(0.1)
@@ -276,6 +276,8 @@ def main(argv=None) -> int:
     parser.add_argument("--kinds", help="comma-separated fault kinds to draw from (default: every kind there is)")
     parser.add_argument("--cluster", metavar="NAME", help="run on a local cluster of this name (root; made anew)")
     parser.add_argument("--launcher", default="ssh,pdsh", help="on the cluster: the runner(s) each round draws from")
+    parser.add_argument("--slots", type=int, choices=chaos_cluster.SLOTS, default=1,
+                        help="on the cluster: ranks a node (1: a stuck rank is alone on its node)")
     parser.add_argument("--table", metavar="PATH", help="rewrite the table here after every round")
     parser.add_argument("--worker", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -288,7 +290,7 @@ def main(argv=None) -> int:
         EXPECTED.update(chaos_cluster.KINDS)
         BATCH = chaos_cluster.BATCH
         os.environ["CHAOS_BATCH"] = str(BATCH)
-        cluster = chaos_cluster.ChaosCluster(args.cluster, args.launcher.split(","))
+        cluster = chaos_cluster.ChaosCluster(args.cluster, args.launcher.split(","), args.slots)
     kinds = args.kinds.split(",") if args.kinds else [k for k in EXPECTED if k != "none"]
     if os.geteuid() != 0 and "full_disk" in kinds:
         kinds.remove("full_disk")   # a tmpfs needs root

@@ -2,10 +2,11 @@
 scripts/local-cluster of its own (``DSL_CLUSTER_NAME=NAME``), the faults only a cluster has, and
 the checks that look at every node.
 
-The cluster is NODES nodes of SLOTS ranks each and the global batch BATCH, so the job's world size
-before and after a node is lost (6, then 4) divides the batch. Two ranks a node, so the stuck
-rank has a peer on its own node: the 100-round run was made when ``--stall_timeout`` compared only
-the ranks of one node, and one alone on its node went unnoticed (a hang). Every node shares this filesystem,
+The cluster is NODES nodes of ``--slots`` ranks each (1 or 2) and the global batch BATCH, so the
+job's world size before and after a node is lost (3 then 2, or 6 then 4) divides the batch. With one
+rank a node the stuck rank is alone on its node, so only the job-wide ``--stall_timeout`` watch in
+dslaunch can find it; the first 100-round table (benchmarks/RESULTS.md) was made with two a node,
+before that watch existed, when one alone on its node went unnoticed (a hang). Every node shares this filesystem,
 so the checkpoints a round writes are on it; the nodes' mount namespaces were copied when their
 sshd started, so ``full_disk`` uses one tmpfs mounted before the cluster comes up and resized each
 round (a tmpfs's size belongs to its superblock, which every copy shares).
@@ -19,15 +20,17 @@ import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "local-cluster")
-NODES, SLOTS, BATCH = 3, 2, 12
+NODES, BATCH = 3, 12
+SLOTS = (1, 2)   # ranks a node that --slots takes
 KINDS = {"kill_agent": 0, "cut_link": 0, "sshd_stopped": 0}   # each ends on the survivors: exit 0
 
 
 class ChaosCluster:
     """Cluster NAME: brought up (with the tmpfs under it), healed between rounds, searched for leftovers."""
 
-    def __init__(self, name: str, launchers: list[str]):
+    def __init__(self, name: str, launchers: list[str], slots: int = 1):
         self.name = name
+        self.slots = slots
         self.launchers = launchers
         self.state = f"/run/dslaunch-cluster-{name}"
         self.disk = f"/run/dslaunch-chaos-disk-{name}"
@@ -48,7 +51,7 @@ class ChaosCluster:
             subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", self.disk], check=True)
         self.script("up", str(NODES))
         with open(self.hostfile, "w", encoding="utf-8") as handle:
-            handle.write("".join(f"{self.name}-node{k} slots={SLOTS}\n" for k in range(1, NODES + 1)))
+            handle.write("".join(f"{self.name}-node{k} slots={self.slots}\n" for k in range(1, NODES + 1)))
 
     def down(self) -> None:
         self.script("down", check=False)
