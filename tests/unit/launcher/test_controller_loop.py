@@ -107,6 +107,16 @@ def fake_agent(endpoint, key, node_rank, then):
     sock.close()
 
 
+def agents_start(controller, *nodes):
+    """The controller's start function: one fake agent per node, node k playing ``nodes[k]``."""
+    def start(endpoint):
+        for rank, then in enumerate(nodes):
+            key = controller.credentials.key_for(rank)
+            threading.Thread(target=fake_agent, args=(endpoint, key, rank, then), daemon=True).start()
+        return []
+    return start
+
+
 def wait_for_stop(reader):
     for line in reader:
         if json.loads(line)["type"] == "stop":
@@ -140,13 +150,7 @@ def test_a_failure_is_handled_before_the_output_that_came_ahead_of_it(monkeypatc
         wait_for_stop(reader)
         send(sock, {"type": "done", "ok": False})
 
-    def start(endpoint):
-        for rank, then in ((0, node0), (1, node1)):
-            key = controller.credentials.key_for(rank)
-            threading.Thread(target=fake_agent, args=(endpoint, key, rank, then), daemon=True).start()
-        return []
-
-    code = controller.run(start)
+    code = controller.run(agents_start(controller, node0, node1))
     assert code == 1
     assert printed.lines >= flood                 # every line is printed in the end
     assert seen["printed at stop"] < flood        # but the stop did not wait for them
@@ -178,13 +182,7 @@ def test_an_agents_word_of_a_failed_rank_stops_the_other_nodes_before_its_exit_c
         send(sock, {"type": "exit", "rank": 1, "local_rank": 0, "returncode": 3, "tail": ["config error: boom"]},
              {"type": "done", "ok": False})
 
-    def start(endpoint):
-        for rank, then in ((0, node0), (1, node1)):
-            key = controller.credentials.key_for(rank)
-            threading.Thread(target=fake_agent, args=(endpoint, key, rank, then), daemon=True).start()
-        return []
-
-    code = controller.run(start)
+    code = controller.run(agents_start(controller, node0, node1))
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("dslaunch: ")]
     assert stops == {0: "rank failure", 1: "rank failure"}
     assert code == 3
@@ -221,13 +219,7 @@ def test_a_rank_stuck_on_a_node_of_its_own_is_named_once_and_its_node_asked_for_
         told(reader)
         send(sock, {"type": "done", "ok": False})
 
-    def start(endpoint):
-        for rank, then in ((0, node0), (1, node1)):
-            key = controller.credentials.key_for(rank)
-            threading.Thread(target=fake_agent, args=(endpoint, key, rank, then), daemon=True).start()
-        return []
-
-    code = controller.run(start)
+    code = controller.run(agents_start(controller, node0, node1))
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("dslaunch: ")]
     assert asked[1] == {"type": "stacks", "rank": 1, "behind_s": asked[1]["behind_s"]}
     assert asked[0]["type"] == "stop"   # node 0 is only stopped, once node 1's rank failed
