@@ -107,6 +107,14 @@ def fake_agent(endpoint, key, node_rank, then):
     sock.close()
 
 
+def two_node_controller(**options):
+    """A controller for one rank on each of two nodes over ssh (the agents are fake_agent threads)."""
+    hosts = parse_hostfile("localhost slots=1\n127.0.0.1 slots=1\n", "h")
+    plan = build_plan(hosts, LaunchOptions(script="t.py", launcher="ssh", no_preflight=True, **options),
+                      Machine(python="/py", cwd="/", environ={}))
+    return Controller(plan, grace=0.1, delivery="stdin")
+
+
 def agents_start(controller, *nodes):
     """The controller's start function: one fake agent per node, node k playing ``nodes[k]``."""
     def start(endpoint):
@@ -160,10 +168,7 @@ def test_an_agents_word_of_a_failed_rank_stops_the_other_nodes_before_its_exit_c
     """Node 1's agent says "failing" the moment its rank fails; it sends the rank's exit (with its
     last lines) only after stopping its other ranks and draining the failed one's output. Node 0
     is stopped on the word alone, and the job still ends with one message naming rank 1."""
-    hosts = parse_hostfile("localhost slots=1\n127.0.0.1 slots=1\n", "h")
-    plan = build_plan(hosts, LaunchOptions(script="t.py", launcher="ssh", no_preflight=True),
-                      Machine(python="/py", cwd="/", environ={}))
-    controller = Controller(plan, grace=0.1, delivery="stdin")
+    controller = two_node_controller()
     stops = {}
 
     def stop_reason(reader):
@@ -194,10 +199,7 @@ def test_an_agents_word_of_a_failed_rank_stops_the_other_nodes_before_its_exit_c
 def test_a_rank_stuck_on_a_node_of_its_own_is_named_once_and_its_node_asked_for_the_stacks(capsys):
     """--stall_timeout judged by dslaunch: one rank per node, node 1's rank stops moving while node 0's
     goes on; dslaunch names it, asks node 1's agent (only) for its stacks, and ends with its exit."""
-    hosts = parse_hostfile("localhost slots=1\n127.0.0.1 slots=1\n", "h")
-    plan = build_plan(hosts, LaunchOptions(script="t.py", launcher="ssh", no_preflight=True, stall_timeout=1.0),
-                      Machine(python="/py", cwd="/", environ={}))
-    controller = Controller(plan, grace=0.1, delivery="stdin")
+    controller = two_node_controller(stall_timeout=1.0)
     asked = {}
 
     def told(reader):
