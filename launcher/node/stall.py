@@ -73,8 +73,11 @@ class StallWatch:
         if len(self.seen) < 2:
             return []
         lowest = min(seen.events for seen in self.seen.values())
+        # entries at or below every rank's count are not asked again by the ranks seen so far; the
+        # last one (the lead) stays: a rank whose first reading comes later, below the lead, reads
+        # it as when the others were past it at the latest (a slow agent must not hide its rank)
         keep = bisect.bisect_right(self.lead_history, lowest, key=lambda entry: entry[0])
-        del self.lead_history[:keep]   # entries at or below every rank's count are never asked again
+        del self.lead_history[:min(keep, len(self.lead_history) - 1)]
         found = []
         for rank, seen in self.seen.items():
             if now - seen.since < self.timeout_s:   # it moved lately: not stuck, whatever the others did

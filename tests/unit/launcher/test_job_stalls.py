@@ -69,3 +69,16 @@ def test_a_restart_starts_the_watch_over():
     stalls.report(0, [[0, 2, -1]], now=61.0)
     assert stalls.check(now=70.0) is None
     assert stalls.check(now=71.0).stall.rank == 1
+
+
+def test_a_rank_whose_first_report_comes_after_the_others_were_checked_is_still_named():
+    # node3's agent is slower: its only rank's first reading arrives after dslaunch has checked the
+    # other two (who then waited in the all-reduce); the rank is behind them and must be named
+    stalls = job(nodes=3, slots=1)
+    stalls.report(0, [[0, 5, 1]], now=0.0)
+    stalls.report(1, [[1, 5, 1]], now=0.0)
+    assert stalls.check(now=1.0) is None
+    stalls.report(2, [[2, 3, 0]], now=2.0)
+    assert stalls.check(now=11.5) is None   # 10 s from its first reading: not yet
+    stuck = stalls.check(now=12.0)
+    assert (stuck.stall.rank, stuck.host, stuck.stall.step) == (2, "node3", 0)

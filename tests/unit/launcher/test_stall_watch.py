@@ -47,3 +47,16 @@ def test_a_long_job_keeps_a_bounded_history():
     assert len(watch.lead_history) <= 2
     watch.observe(0, 10_001, 3333, now=200.0)   # rank 1 stops; rank 0 goes on
     assert watch.stuck(now=204.9) is None and watch.stuck(now=205.0).rank == 1
+
+
+def test_a_rank_first_seen_below_the_others_after_a_check_is_behind_them():
+    watch = StallWatch(5.0)
+    watch.observe(0, 8, 2, now=0.0)
+    watch.observe(1, 8, 2, now=0.0)
+    assert watch.stuck(now=1.0) is None   # all seen so far are alike
+    watch.observe(2, 6, 1, now=3.0)       # its first reading: the others passed 6 before it came
+    assert watch.stuck(now=7.9) is None
+    stall = watch.stuck(now=8.0)
+    assert (stall.rank, stall.step, stall.others_step) == (2, 1, 2)
+    watch.observe(0, 9, 2, now=8.5)       # the lead moves on: still the one behind
+    assert watch.stuck(now=9.0).rank == 2
