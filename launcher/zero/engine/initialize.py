@@ -11,6 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+import launcher.zero.progress as rank_progress   # --stall_timeout
 from launcher.zero.engine import failure
 from launcher.zero.config.checks import check_optimizer_section, check_scheduler_section
 from launcher.zero.config.load import load_config, no_effect_notes
@@ -49,7 +50,8 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
 
         refuse_in_pipeline(model)
         world = init_distributed(env=environ)   # the PipelineModule's group; this process's local rank, device
-        return initialize_pipeline(model, optimizer, lr_scheduler, source, training_data, collate_fn, world)
+        return _ready_for_stall_watch(initialize_pipeline(model, optimizer, lr_scheduler, source, training_data,
+                                                          collate_fn, world))
     _check_before_rendezvous(source, environ, optimizer, lr_scheduler, mpu, process_group)
     dist_context = context_from_group(process_group) if process_group is not None else init_distributed(env=environ)
     dist_context = _data_parallel_context(mpu, dist_context) if mpu is not None else dist_context
@@ -135,6 +137,14 @@ def _ready_and_compiled(engine: ZeroEngine, monitor: Monitor, param_count: int) 
     section = engine.zero_config.compile
     if section.enabled:
         engine.compile(section.backend, section.kwargs)
+    _ready_for_stall_watch(None)
+
+
+def _ready_for_stall_watch(built):
+    """--stall_timeout: the engine is ready, one event; a rank stuck from here to its first forward (a
+    data loader on a hung file system) is then behind the peers that went on to wait in its all-reduce."""
+    rank_progress.reached(-1)
+    return built
 
 
 def _check_before_rendezvous(source, environ: dict[str, str], optimizer, lr_scheduler, mpu, process_group) -> None:

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+import launcher.zero.progress as rank_progress   # --stall_timeout
 from launcher.zero.distributed.context import DistContext
 from launcher.zero.engine.accessors import ConfigAccessors, RankAccessors
 from launcher.zero.engine.precision import skips_non_finite
@@ -252,7 +253,9 @@ class PipelineEngine(ConfigAccessors, RankAccessors):
         if self.module.loss_fn is None and self.is_last_stage():
             raise ConfigError("train_batch: the PipelineModule has no loss_fn", hint="PipelineModule(..., loss_fn=...)")
         self.module.train()
-        losses = self._run_schedule(self._next_batches(data_iter), train=True)
+        rank_progress.reached(self.global_steps)   # --stall_timeout counts batches and steps, not a stage's
+        losses = self._run_schedule(self._next_batches(data_iter), train=True)   # actions (stages differ)
+        rank_progress.reached(self.global_steps)
         self._step()
         return self._mean_loss(losses)
 
@@ -263,6 +266,7 @@ class PipelineEngine(ConfigAccessors, RankAccessors):
             raise ConfigError("eval_batch: only the averaged loss is returned by this engine",
                               hint="eval_batch(data_iter) with the defaults")
         self.module.eval()
+        rank_progress.reached(self.global_steps)
         count = num_micro_batches or self.micro_batches
         saved, self.micro_batches = self.micro_batches, count
         try:
