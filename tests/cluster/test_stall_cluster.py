@@ -18,7 +18,7 @@ STALL_TIMEOUT = 5
 pytestmark = pytest.mark.cluster
 
 
-def dslaunch(hostfile, stuck_rank: int):
+def dslaunch(hostfile, stuck_rank):   # stuck_rank: 1, or "2,3" for several
     """Run the stall worker; (return code, [(seconds since start, stream, line)])."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("DSLAUNCH_DEBUG", None)
@@ -73,6 +73,21 @@ def test_a_stuck_rank_among_several_on_a_node_is_named_with_the_stacks_of_its_no
     assert "[rank 2] Current thread" in err or "[rank 2] Thread" in err, err   # its node's other rank
     assert "[rank 0] Current thread" not in err and "[rank 0] Thread" not in err, err   # not node1's
     assert "rank 3 on node2 was stopped as stuck" in err
+
+
+def test_a_whole_node_stuck_is_named_as_such_with_the_stacks_of_both_its_ranks(cluster_hostfile):
+    code, lines = dslaunch(cluster_hostfile(2), stuck_rank="2,3")   # node2 runs ranks 2 and 3: both asleep
+    err = "\n".join(line for _t, name, line in lines if name == "err")
+    assert code == 137, err
+    said = [line for line in err.splitlines() if "is stuck" in line]
+    assert len(said) == 1, err
+    assert said[0].startswith(("dslaunch: rank 2 on node2 is stuck", "dslaunch: rank 3 on node2 is stuck")), err
+    assert "(so is every other rank on node2: the whole node stopped)" in said[0], err
+    for rank in (2, 3):   # both ranks' stacks, inside the sleep
+        assert any(line.startswith(f"[rank {rank}]") and "in sleep_inside_the_step" in line
+                   for line in err.splitlines()), err
+    assert "[rank 0] Current thread" not in err and "[rank 0] Thread" not in err, err   # not node1's
+    assert "was stopped as stuck" in err
 
 
 @pytest.mark.timing

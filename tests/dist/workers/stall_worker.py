@@ -1,5 +1,5 @@
-"""Trains a few steps; rank argv[1] sleeps forever inside the forward of step 3 while the others
-go on into that step's gradient all-reduce and wait there (for tests of --stall_timeout)."""
+"""Trains a few steps; the ranks in argv[1] ("1" or "2,3") sleep forever inside the forward of step 3
+while the others go on into that step's gradient all-reduce and wait there (for tests of --stall_timeout)."""
 import sys
 import time
 
@@ -7,7 +7,7 @@ import torch
 
 from launcher import zero
 
-STUCK_RANK = int(sys.argv[1])
+STUCK_RANKS = {int(rank) for rank in sys.argv[1].split(",")}
 
 
 class Model(torch.nn.Module):
@@ -18,7 +18,7 @@ class Model(torch.nn.Module):
 
     def forward(self, x):
         self.steps += 1
-        if self.steps == 3 and torch.distributed.get_rank() == STUCK_RANK:
+        if self.steps == 3 and torch.distributed.get_rank() in STUCK_RANKS:
             print("stuck rank: going to sleep", flush=True)
             sleep_inside_the_step()
         return self.layer(x)
