@@ -40,12 +40,13 @@ def test_one_round_of_each_cluster_fault_passes_and_leaves_nothing(root_and_tool
     assert re.search(r"cut_link: passed \((ssh|pdsh): cut node \d, exit 0;", done.stdout), done.stdout
     assert re.search(r"sshd_stopped: passed \((ssh|pdsh): sshd of node \d stopped, rank pid \d+ killed, exit 0;",
                      done.stdout), done.stdout
-    # its cluster is gone, the default one as it was
+    # its cluster is gone, the default one untouched
     assert _namespaces(f"dsl-{NAME}-n") == []
     assert not os.path.exists(f"/run/dslaunch-cluster-{NAME}")
     with open("/etc/hosts", encoding="utf-8") as handle:
         assert f"{NAME}-node1" not in handle.read()
-    assert _namespaces("dsl-n") == default_namespaces
+    # every default-cluster node that was up is still up (another session may bring it up meanwhile)
+    assert set(default_namespaces) <= set(_namespaces("dsl-n"))
 
 
 def _namespaces(prefix: str) -> list[str]:
