@@ -72,26 +72,28 @@ def alive(pid):
         return False
 
 
-def control_port(dslaunch):
-    """The port dslaunch's agents dial (it is on every agent's command line)."""
+def control_address(dslaunch):
+    """The HOST:PORT dslaunch's agents dial (it is on every agent's command line, and no other
+    job's: another dslaunch on this machine listens on its own cluster's address or port)."""
     deadline = time.time() + 60
     while time.time() < deadline:
         try:
-            ports = [c.laddr.port for c in psutil.Process(dslaunch.pid).net_connections("tcp")
-                     if c.status == psutil.CONN_LISTEN]
+            listening = psutil.Process(dslaunch.pid).net_connections("tcp")
+            addresses = [f"{c.laddr.ip}:{c.laddr.port}" for c in listening if c.status == psutil.CONN_LISTEN]
         except psutil.Error:
-            ports = []
-        if ports:
-            return ports[0]
+            addresses = []
+        if addresses:   # the nodes' side of the bridge, never a wildcard no agent line would name
+            assert addresses[0].startswith("10.213.0.254:"), addresses
+            return addresses[0]
         time.sleep(0.05)
     raise AssertionError("dslaunch never listened for its agents")
 
 
-def agents_of(port):
+def agents_of(address):
     found = []
     for proc in psutil.process_iter(["cmdline"]):
         line = " ".join(proc.info["cmdline"] or ())
-        if "launcher.agent" in line and re.search(rf":{port}\b", line) and alive(proc.pid):
+        if "launcher.agent" in line and re.search(rf"{re.escape(address)}\b", line) and alive(proc.pid):
             found.append(proc.pid)
     return found
 
@@ -111,7 +113,7 @@ def test_every_rank_on_32_nodes_runs_once(hosts32, runner):
 @pytest.mark.parametrize("runner", ["ssh", "pdsh"])
 def test_one_failure_on_32_nodes_stops_every_rank_and_agent_quickly(hosts32, runner):
     dslaunch, run = start(hosts32, runner, "fail")
-    port = control_port(dslaunch)
+    address = control_address(dslaunch)
     deadline = time.time() + 150
     while not (run / "failed_at").exists() and dslaunch.poll() is None and time.time() < deadline:
         time.sleep(0.01)
@@ -129,6 +131,6 @@ def test_one_failure_on_32_nodes_stops_every_rank_and_agent_quickly(hosts32, run
     # each agent exits right after its "done"; dslaunch may return a moment before the last one
     # has. 30 s is the limit for "never", not a speed bound
     deadline = time.time() + 30
-    while agents_of(port) and time.time() < deadline:
+    while agents_of(address) and time.time() < deadline:
         time.sleep(0.05)
-    assert agents_of(port) == [], "agents of the job still running after dslaunch exited"
+    assert agents_of(address) == [], "agents of the job still running after dslaunch exited"

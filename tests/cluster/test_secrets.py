@@ -1,7 +1,9 @@
 """Issue 18 on the real test cluster: no key on any command line, a thief's hello gets nothing.
 
 The nodes are network namespaces that share the pid space, so one scan of /proc/*/cmdline
-from here sees every process of every node (sshd children, pdsh, orted, agents, ranks).
+from here sees every process of every node (sshd children, pdsh, orted, agents, ranks). The scans
+look at the test's own job only (tests/helpers/job_scope.py): another dslaunch job on this machine,
+a chaos run on its own cluster, has agents and keys of its own.
 """
 import json
 import os
@@ -12,6 +14,8 @@ import time
 
 import psutil
 import pytest
+
+from tests.helpers.job_scope import job_agents, job_command_lines
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RANKS = os.path.join(ROOT, "tests", "scripts", "ranks.py")
@@ -42,19 +46,6 @@ def wait_for_ranks(proc, count=4):
     return pids
 
 
-def command_lines() -> dict[int, list[str]]:
-    found = {}
-    for process in psutil.process_iter(["cmdline"]):
-        if process.info["cmdline"]:
-            found[process.pid] = process.info["cmdline"]
-    return found
-
-
-def agents() -> dict[int, list[str]]:
-    """The agents themselves (mpirun's and pdsh's own argv name the agent too)."""
-    return {pid: argv for pid, argv in command_lines().items() if argv[1:4] == ["-u", "-m", "launcher.agent"]}
-
-
 def environ_of(pid: int) -> dict[str, str]:
     with open(f"/proc/{pid}/environ", "rb") as handle:
         items = handle.read().decode("utf-8", "replace").split("\0")
@@ -70,12 +61,12 @@ def finish(proc):
 
 @pytest.mark.parametrize("launcher", ["ssh", "pdsh", "openmpi"])
 def test_the_key_is_on_no_command_line_on_any_node(hosts, launcher):
-    before = {token for argv in command_lines().values() for token in HEX.findall(" ".join(argv))}
+    before = {token for argv in job_command_lines(os.getpid()).values() for token in HEX.findall(" ".join(argv))}
     proc = start("-H", hosts, "--launcher", launcher, "--no-preflight", RANKS, "nap", "6")
     try:
         rank_pids = wait_for_ranks(proc)
-        found = agents()
-        lines = command_lines()
+        lines = job_command_lines(proc.pid)
+        found = job_agents(proc.pid, lines)
         assert len(found) == 2, found
         keys = {environ_of(pid).get("DSLAUNCH_AGENT_SECRET") for pid in found} - {None}
         assert bool(keys) == (launcher == "openmpi")
@@ -103,7 +94,7 @@ def test_a_thief_with_the_agents_command_line_gets_nothing(hosts, launcher):
     proc = start("-H", hosts, "--launcher", launcher, RANKS, "nap", "8")   # with the preflight
     try:
         wait_for_ranks(proc)
-        argv = next(a for a in agents().values() if a[a.index("--node-rank") + 1] == "1")
+        argv = next(a for a in job_agents(proc.pid).values() if a[a.index("--node-rank") + 1] == "1")
         stolen = json.dumps(argv)
         attempts = [["ip", "netns", "exec", "dsl-n2", sys.executable, THIEF, stolen, "1"],
                     ["ip", "netns", "exec", "dsl-n2", sys.executable, THIEF, stolen, "0"],

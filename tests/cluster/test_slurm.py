@@ -15,6 +15,8 @@ import uuid
 import psutil
 import pytest
 
+from tests.helpers.job_scope import job_agents, job_command_lines
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "local-slurm")
 RANKS = os.path.join(ROOT, "tests", "scripts", "ranks.py")
@@ -157,8 +159,8 @@ def test_the_agents_key_is_on_no_command_line_under_slurm(slurm):
             match = re.search(r"\] pid (\d+) rank", proc.stdout.readline())
             if match:
                 rank_pids.append(int(match.group(1)))
-        lines = {p.pid: p.info["cmdline"] or [] for p in psutil.process_iter(["cmdline"])}
-        agents = [pid for pid, cmd in lines.items() if cmd[1:4] == ["-u", "-m", "launcher.agent"]]
+        lines = job_command_lines(proc.pid)   # salloc's tree and the nodes: not another job's
+        agents = list(job_agents(proc.pid, lines))
         keys = {_environ(pid).get("DSLAUNCH_AGENT_SECRET") for pid in agents}
         assert len(agents) == 2 and len(keys) == 1 and None not in keys, (agents, keys)
         key = keys.pop()
