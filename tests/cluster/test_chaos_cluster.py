@@ -27,6 +27,7 @@ def root_and_tools():
         pytest.skip(f"a test cluster needs {', '.join(missing)}")
 
 
+@pytest.mark.timeout(900)   # 4 rounds on 3 nodes; the same bound as chaos.py's below
 def test_one_round_of_each_cluster_fault_passes_and_leaves_nothing(root_and_tools):
     default_namespaces = _namespaces("dsl-n")
     done = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "chaos.py"), "--cluster", NAME,

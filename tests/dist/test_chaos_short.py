@@ -5,9 +5,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.timeout(1500)   # 7 rounds of a real job; its own bound is chaos.py's (1500 s below)
 def test_one_round_of_each_fault_kind_passes():
     done = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "chaos.py"), "--rounds", "7", "--seed", "3"],
                           capture_output=True, text=True, timeout=1500, cwd=ROOT)

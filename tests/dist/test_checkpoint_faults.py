@@ -20,6 +20,7 @@ def worker(*args, fault_at=0):
     return subprocess.run([sys.executable, WORKER, *args], capture_output=True, text=True, timeout=300, env=env)
 
 
+@pytest.mark.timeout(1200)   # two fresh processes for each of ~15 fault points: 47 s alone, 300 s at load 15
 @pytest.mark.parametrize("second_tag", ["b", "a"])   # a new tag, and the same tag saved again
 def test_a_kill_at_any_point_of_save_leaves_latest_on_a_complete_checkpoint(tmp_path, second_tag):
     fault = 0

@@ -39,6 +39,7 @@ def cpu_burner():
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(900)   # 20 launches of 2 or 4 ranks beside a burner: 120 s at load 15
 @pytest.mark.parametrize("ranks", [2, 4])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_a_config_error_is_one_message_in_every_run_under_load(tmp_path, cpu_burner, case, ranks):
