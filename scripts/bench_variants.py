@@ -62,6 +62,11 @@ def plain(model: torch.nn.Module, settings: Settings) -> Step:
     return _torch_step(model, _adamw(model.parameters(), settings), settings, autocast=True)
 
 
+def plain_fp32(model: torch.nn.Module, settings: Settings) -> Step:
+    """Plain PyTorch in fp32 throughout (no autocast): the reference where bf16 noise must not enter."""
+    return _torch_step(model, _adamw(model.parameters(), settings), settings, autocast=False)
+
+
 def plain_compile(model: torch.nn.Module, settings: Settings) -> Step:
     """Plain PyTorch with ``torch.compile(model)`` (the whole model, one graph where it can)."""
     compiled = torch.compile(model, backend=settings.compile_backend)
@@ -127,10 +132,10 @@ def fsdp2_compile(model: torch.nn.Module, settings: Settings) -> Step:
 
 
 def engine_config(stage: int, offload: bool, settings: Settings, overlap: bool = False,
-                  offload_param: bool = False) -> dict:
+                  offload_param: bool = False, fp32: bool = False) -> dict:
     """The DeepSpeed-style config both our engine and DeepSpeed get for a stage
     (``overlap``: ours only, the offloaded step in the background, ``overlap_step``;
-    ``offload_param``: stage 3's parameters in host memory too)."""
+    ``offload_param``: stage 3's parameters in host memory too; ``fp32``: bf16 off)."""
     zero: dict = {"stage": stage}
     if offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
@@ -142,7 +147,7 @@ def engine_config(stage: int, offload: bool, settings: Settings, overlap: bool =
         "train_micro_batch_size_per_gpu": settings.batch,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": settings.grad_clip,
-        "bf16": {"enabled": True},
+        "bf16": {"enabled": not fp32},
         "zero_optimization": zero,
         "optimizer": {"type": "AdamW", "params": {
             "lr": settings.lr, "betas": list(settings.betas), "eps": 1e-8,
@@ -172,9 +177,9 @@ def compile_config(settings: Settings) -> dict:
 
 
 def ours(stage: int, offload: bool = False, overlap: bool = False, compiled: bool = False,
-         offload_param: bool = False):
+         offload_param: bool = False, fp32: bool = False):
     """Our engine, launcher.zero, at a stage (with optimizer offload to CPU if asked; compiled:
-    the whole module at stages 0-2, per block at stage 3)."""
+    the whole module at stages 0-2, per block at stage 3; fp32: bf16 off)."""
 
     def build(model: torch.nn.Module, settings: Settings) -> Step:
         try:
@@ -185,7 +190,7 @@ def ours(stage: int, offload: bool = False, overlap: bool = False, compiled: boo
             zero.initialize  # noqa: B018 - lazy attribute: imports the engine
         except (ImportError, AttributeError) as exc:
             raise Unavailable(f"launcher.zero.initialize not importable: {exc}") from None
-        config = engine_config(stage, offload, settings, overlap, offload_param)
+        config = engine_config(stage, offload, settings, overlap, offload_param, fp32)
         if compiled:   # the engine's own path: zero.initialize compiles (engine.compile)
             config["compile"] = compile_config(settings)
         try:
@@ -205,7 +210,8 @@ def ours(stage: int, offload: bool = False, overlap: bool = False, compiled: boo
     return build
 
 
-def deepspeed(stage: int, offload: bool = False, compiled: bool = False, offload_param: bool = False):
+def deepspeed(stage: int, offload: bool = False, compiled: bool = False, offload_param: bool = False,
+              fp32: bool = False):
     """DeepSpeed (when installed) on the same config; FusedAdam / DeepSpeedCPUAdam; compiled:
     DeepSpeed 0.19.8's ``engine.compile(backend=...)`` (the whole module)."""
 
@@ -224,7 +230,8 @@ def deepspeed(stage: int, offload: bool = False, compiled: bool = False, offload
         if has_moe_layers(model)[0]:   # DeepSpeed's ZeRO wants the expert parameters in their own groups
             params = split_params_into_different_moe_groups_for_optimizer({"params": params, "name": "params"})
         engine, _, _, _ = ds.initialize(model=model, model_parameters=params,
-                                        config=engine_config(stage, offload, settings, offload_param=offload_param))
+                                        config=engine_config(stage, offload, settings, offload_param=offload_param,
+                                                              fp32=fp32))
         if compiled:
             engine.compile(backend=settings.compile_backend, compile_kwargs={})
         return _engine_step(engine)
@@ -235,6 +242,7 @@ def deepspeed(stage: int, offload: bool = False, compiled: bool = False, offload
 VARIANTS: dict[str, Callable[[torch.nn.Module, Settings], Step]] = {
     "plain": plain,
     "plain_compile": plain_compile,
+    "plain_fp32": plain_fp32,
     "fsdp2": fsdp2,
     "fsdp2_compile": fsdp2_compile,
     **{f"zero{s}": ours(s) for s in range(4)},
@@ -249,6 +257,9 @@ VARIANTS: dict[str, Callable[[torch.nn.Module, Settings], Step]] = {
     "ds_zero3_offload_all": deepspeed(3, offload=True, offload_param=True),
     **{f"zero{s}_compile": ours(s, compiled=True) for s in range(4)},
     **{f"ds_zero{s}_compile": deepspeed(s, compiled=True) for s in range(4)},
+    # fp32 throughout (issue 39: is MoE's bf16 gap to DeepSpeed routing noise or a real difference?)
+    "zero2_fp32": ours(2, fp32=True),
+    "ds_zero2_fp32": deepspeed(2, fp32=True),
 }
 
 #: each variant of ours beside the DeepSpeed variant of the same config (per-step losses)
