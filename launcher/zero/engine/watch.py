@@ -7,7 +7,8 @@ at the job's first step whose gradients hold inf/NaN.
 
 What it watches must never fail the step nor change what runs (STYLE.md): a FLOPs count that
 fails (a formula, the counter itself) or a profile that cannot be written is one warning, and
-training goes on without MFU or the profile. Deliberate stops stay stops: NonFiniteError
+training goes on without MFU or the profile; the counted step runs eagerly past torch.compile and
+the next step compiles (flops/counter.py says how). Deliberate stops stay stops: NonFiniteError
 for ``non_finite.action: stop`` and fp16's loss scale stuck at its minimum.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 
 from launcher.zero.engine.nan_probe import probe
 from launcher.zero.errors import LossScaleAtMinimumError, NonFiniteError
-from launcher.zero.flops.counter import CountFailure, FlopCount, FlopCounter
+from launcher.zero.flops.counter import CountFailure, FlopCount, FlopCounter, eager_counting_supported
 from launcher.zero.flops.peak import peak_tflops, throughput_fields
 from launcher.zero.flops.profiler import write_profile
 from launcher.zero.flops.report import StepFacts, profile_text
@@ -70,6 +71,12 @@ class StepWatch:
         """Whether this forward starts the count: the count step's first micro-step, not yet counted."""
         if self.count_step is None or engine.global_steps != self.count_step or self.counter.counting \
                 or self.flops_per_step is not None:
+            return False
+        if engine.is_compiled and not eager_counting_supported():
+            self.count_step = None
+            self.monitor.warn(f"no MFU{' and no flops profile' if self.profile_step is not None else ''}: "
+                              f"counting FLOPs would keep torch.compile from compiling on torch {torch.__version__} "
+                              "(torch >= 2.6 counts one step eagerly and compiles the next); training goes on")
             return False
         return True
 

@@ -5,11 +5,23 @@ elementwise work (norms, activations, softmax, the optimizer) counts 0, as in th
 model-FLOPs convention. The fused attention kernels, CPU and CUDA, grouped-query attention
 included, are counted by attention_formulas.py's formulas, which replace torch's.
 
-A watcher never fails the step (STYLE.md):
+Two promises make it a watcher (STYLE.md: it never fails the step, never changes what runs):
 
 - **A failure is a finding, not an error.** Every formula, and the per-op bookkeeping around it,
   runs guarded: the first exception is kept as ``CountFailure`` (the op and the error), the op
   runs on uncounted, and ``stop()`` returns a count marked failed for the caller to say once.
+- **The counted stretch runs eagerly, unseen by dynamo.** ``FlopCounterMode`` is a
+  ``TorchDispatchMode``; dynamo does not compile a frame entered under one, and marks that code
+  to be skipped for good (torch 2.13 ``convert_frame``: the skip's ``apply_to_code``), so a first
+  step counted under the mode left a ``torch.compile``-d model eager for the whole job (issue 39:
+  0 graphs on the counting rank). While counting, the compiler's stance is ``force_eager``
+  (``torch.compiler.set_stance``, torch >= 2.6): compiled functions run their Python as written
+  and dynamo's frame callback is not even installed, so it neither sees the mode nor marks
+  anything; the next step compiles as if nothing had been counted. (``torch._dynamo.config.disable``
+  would not do: dynamo still sees the frame and marks it skipped.) The counted step is the eager
+  one: same math, and the count is exact where an inductor graph would hide fused kernels from
+  the mode. Where torch has no ``set_stance``, ``eager_counting_supported()`` is False and the
+  engine does not count a compiled model (one message; watch.py).
 """
 from __future__ import annotations
 
@@ -43,6 +55,11 @@ class FlopCount:
     total: int = 0
     per_module: dict[str, int] = field(default_factory=dict)   # dotted name in the root ("" = the root)
     failure: CountFailure | None = None
+
+
+def eager_counting_supported() -> bool:
+    """Whether this torch can run a counted stretch eagerly past ``torch.compile`` (set_stance, 2.6+)."""
+    return hasattr(torch, "compiler") and hasattr(torch.compiler, "set_stance")
 
 
 def _describe(error: BaseException) -> str:
@@ -89,6 +106,7 @@ class FlopCounter:
     def __init__(self, formulas: dict | None = None):
         self._formulas = formulas
         self._mode: _GuardedMode | None = None
+        self._stance = None
         self._forward = 0
         self._forward_from = 0
         self.failure: CountFailure | None = None
@@ -102,18 +120,26 @@ class FlopCounter:
             self.failure = failure
 
     def start(self) -> bool:
-        """Start counting; False if it could not."""
+        """Start counting (eagerly: see the module docstring); False if it could not."""
         self.failure = None
         self._forward, self._forward_from = 0, 0
         formulas = {**attention_formulas(), **(self._formulas or {})}
         try:
             mode = _GuardedMode(formulas, self._failed)
+            if eager_counting_supported():
+                self._stance = torch.compiler.set_stance("force_eager")   # set now; __exit__ restores
             mode.__enter__()
         except Exception as error:
+            self._restore_stance()
             self._failed(CountFailure("start", _describe(error)))
             return False
         self._mode = mode
         return True
+
+    def _restore_stance(self) -> None:
+        stance, self._stance = self._stance, None
+        if stance is not None:
+            stance.__exit__(None, None, None)
 
     def forward_begins(self) -> None:
         if self._mode is not None:
@@ -134,6 +160,8 @@ class FlopCounter:
         except Exception as error:
             self._failed(CountFailure("stop", _describe(error)))
             counted = FlopCount()
+        finally:
+            self._restore_stance()
         counted.failure = self.failure
         return counted
 
