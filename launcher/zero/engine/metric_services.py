@@ -2,7 +2,8 @@
 
 Each writer takes the same ``(step, {name: value})`` events as the CSV and TensorBoard files
 (DeepSpeed's names, ``Train/Samples/train_loss``; the step is the global sample count, as
-DeepSpeed's). A package that is not installed costs one warning and training goes on.
+DeepSpeed's). A package that is not installed, or a service that fails to start or to take a
+write, costs one warning and training goes on without it (monitor.py drops a failing writer).
 """
 from __future__ import annotations
 
@@ -66,5 +67,8 @@ def open_services(config, warn) -> list:
             warn(f"{key}.enabled is set but the {package} package is not installed; pip install {package} "
                  "(continuing without it)")
             continue
-        writers.append(writer(section, module))
+        try:
+            writers.append(writer(section, module))
+        except Exception as error:   # a service that cannot start (no network, no key) is the watcher's problem
+            warn(f"{key}: could not start ({type(error).__name__}: {error}); training goes on without it")
     return writers

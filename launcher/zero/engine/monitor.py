@@ -84,7 +84,10 @@ def _duration(seconds: float) -> str:
 
 
 class Monitor:
-    """Rank-0 console lines and CSV / TensorBoard / W&B / Comet events (the config's monitor sections)."""
+    """Rank-0 console lines and CSV / TensorBoard / W&B / Comet events (the config's monitor sections).
+
+    A writer is a watcher: one that fails (its folder gone, a full disk, the service's network)
+    costs one warning naming it and is dropped; the step and the other writers go on."""
 
     def __init__(self, config, rank: int, out: TextIO | None = None, err: TextIO | None = None):
         self.rank = rank
@@ -96,8 +99,9 @@ class Monitor:
         if rank != 0:
             return
         if config.csv_monitor.enabled:
-            self.csv_dir = os.path.join(config.csv_monitor.output_path or "csv_monitor", config.csv_monitor.job_name)
-            os.makedirs(self.csv_dir, exist_ok=True)
+            path = os.path.join(config.csv_monitor.output_path or "csv_monitor", config.csv_monitor.job_name)
+            if self._guarded("csv_monitor", "open", os.makedirs, path, exist_ok=True):
+                self.csv_dir = path
         if config.tensorboard.enabled:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -106,9 +110,21 @@ class Monitor:
                           "pip install tensorboard (continuing without it)")
             else:
                 path = os.path.join(config.tensorboard.output_path or "runs", config.tensorboard.job_name)
-                self.tensorboard = SummaryWriter(log_dir=path)
+                self._guarded("tensorboard", "open", self._open_tensorboard, SummaryWriter, path)
         from launcher.zero.engine.metric_services import open_services
         self.services = open_services(config, self.warn)
+
+    def _open_tensorboard(self, writer_class, path: str) -> None:
+        self.tensorboard = writer_class(log_dir=path)
+
+    def _guarded(self, name: str, doing: str, work, *args, **kwargs) -> bool:
+        """Run a writer's ``work``; on any error warn once, naming the writer, and say False."""
+        try:
+            work(*args, **kwargs)
+            return True
+        except Exception as error:
+            self.warn(f"{name}: could not {doing} ({type(error).__name__}: {error}); training goes on without it")
+            return False
 
     @property
     def records(self) -> bool:
@@ -126,17 +142,26 @@ class Monitor:
         """One value per event name at ``step`` (DeepSpeed names, e.g. ``Train/Samples/train_loss``)."""
         if self.rank != 0:
             return
-        if self.csv_dir:
-            for name, value in values.items():
-                path = os.path.join(self.csv_dir, name.replace("/", "_") + ".csv")
-                fresh = not os.path.exists(path)
-                with open(path, "a", encoding="utf-8") as handle:
-                    if fresh:
-                        handle.write("step,value\n")
-                    handle.write(f"{step},{value}\n")
-        if self.tensorboard is not None:
-            for name, value in values.items():
-                self.tensorboard.add_scalar(name, value, step)
-            self.tensorboard.flush()
-        for service in self.services:
-            service.write(step, values)
+        doing = f"write the metrics of sample {step}"
+        if self.csv_dir and not self._guarded("csv_monitor", doing, self._write_csv, step, values):
+            self.csv_dir = None
+        if self.tensorboard is not None and not self._guarded("tensorboard", doing, self._write_tensorboard,
+                                                              step, values):
+            self.tensorboard = None
+        for service in list(self.services):
+            if not self._guarded(type(service).__name__, doing, service.write, step, values):
+                self.services.remove(service)
+
+    def _write_csv(self, step: int, values: dict[str, float]) -> None:
+        for name, value in values.items():
+            path = os.path.join(self.csv_dir, name.replace("/", "_") + ".csv")
+            fresh = not os.path.exists(path)
+            with open(path, "a", encoding="utf-8") as handle:
+                if fresh:
+                    handle.write("step,value\n")
+                handle.write(f"{step},{value}\n")
+
+    def _write_tensorboard(self, step: int, values: dict[str, float]) -> None:
+        for name, value in values.items():
+            self.tensorboard.add_scalar(name, value, step)
+        self.tensorboard.flush()

@@ -4,6 +4,12 @@ The engine calls one method at each point of the step (forward, backward, optimi
 each is a few attribute reads unless something is due: a FLOPs count at one step (the profile
 step, or the first step when the progress line has a peak to show MFU against), or a diagnosis
 at the job's first step whose gradients hold inf/NaN.
+
+What it watches must never fail the step nor change what runs (STYLE.md): a FLOPs count that
+fails (a formula, the counter itself) or a profile that cannot be written is one warning, and
+training goes on without MFU or the profile; the counted step runs eagerly past torch.compile and
+the next step compiles (flops/counter.py says how). Deliberate stops stay stops: NonFiniteError
+for ``non_finite.action: stop`` and fp16's loss scale stuck at its minimum.
 """
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ import torch
 
 from launcher.zero.engine.nan_probe import probe
 from launcher.zero.errors import LossScaleAtMinimumError, NonFiniteError
-from launcher.zero.flops.counter import FlopCount, FlopCounter
+from launcher.zero.flops.counter import CountFailure, FlopCount, FlopCounter, eager_counting_supported
 from launcher.zero.flops.peak import peak_tflops, throughput_fields
 from launcher.zero.flops.profiler import write_profile
 from launcher.zero.flops.report import StepFacts, profile_text
@@ -54,13 +60,37 @@ class StepWatch:
     def forward_begins(self, engine, args, kwargs) -> None:
         if self.config.non_finite.diagnose:
             self._inputs = (args, kwargs)   # references only: the re-run's inputs if this step goes non-finite
-        if self.count_step is not None and engine.global_steps == self.count_step and not self.counter.counting \
-                and self.flops_per_step is None:
-            self.counter.start()
+        if self._count_due(engine) and not self.counter.start():
+            self._count_failed(self.counter.failure)
         if self.counter.counting:
             self._sync()
             self._began = time.perf_counter()
             self.counter.forward_begins()
+
+    def _count_due(self, engine) -> bool:
+        """Whether this forward starts the count: the count step's first micro-step, not yet counted."""
+        if self.count_step is None or engine.global_steps != self.count_step or self.counter.counting \
+                or self.flops_per_step is not None:
+            return False
+        if engine.is_compiled and not eager_counting_supported():
+            self.count_step = None
+            self.monitor.warn(f"no MFU{' and no flops profile' if self.profile_step is not None else ''}: "
+                              f"counting FLOPs would keep torch.compile from compiling on torch {torch.__version__} "
+                              "(torch >= 2.6 counts one step eagerly and compiles the next); training goes on")
+            return False
+        return True
+
+    def _count_failed(self, failure: CountFailure | None) -> None:
+        """Say once that the count failed; no MFU and no profile from then on, the step goes on."""
+        self.count_step, self.flops_per_step = None, None
+        what = "MFU" + (" and the flops profile" if self.profile_step is not None else "")
+        reason = failure.describe() if failure is not None else "counting FLOPs failed"
+        self.monitor.warn(f"{reason}; training goes on without {what}")
+
+    def abandon_count(self) -> None:
+        """The counted forward or backward raised: stop counting, so no mode outlives the step."""
+        if self.counter.counting:
+            self.counter.stop()
 
     def forward_done(self) -> None:
         self._lap("forward")
@@ -77,6 +107,9 @@ class StepWatch:
     def step_begins(self) -> None:
         if self.counter.counting:
             self._count = self.counter.stop()
+            if self._count.failure is not None:
+                self._count_failed(self._count.failure)
+                return
             self.flops_per_step = self._count.total
             self._sync()
             self._began = time.perf_counter()
@@ -203,8 +236,12 @@ class StepWatch:
                           forward_s=self._times["forward"], backward_s=self._times["backward"],
                           step_s=self._times["step"])
         types = {name: type(m).__name__ for name, m in engine.module.named_modules()}
-        write_profile(profile_text(count, facts, section.module_depth, section.top_modules, section.detailed, types),
-                      section.output_file)
+        try:
+            write_profile(profile_text(count, facts, section.module_depth, section.top_modules, section.detailed,
+                                       types), section.output_file)
+        except Exception as error:   # the profile is the watcher's; the step is the job's
+            self.monitor.warn(f"flops profile of step {self.profile_step} not written "
+                              f"({section.output_file or 'stdout'}): {type(error).__name__}: {error}; training goes on")
 
 
 def _mean(total, count) -> float | None:

@@ -142,7 +142,11 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         self.strategy.pre_forward()          # stage 3 gathers parameters
         self.progress.saw_input(args)
         self.watch.forward_begins(self, args, kwargs)
-        output = self.module(*args, **kwargs)
+        try:
+            output = self.module(*args, **kwargs)
+        except BaseException:
+            self.watch.abandon_count()   # a script that catches this (OOM retries) keeps no counter running
+            raise
         self.watch.forward_done()
         self.strategy.post_forward()
         self._backward_hooks.mark(output)    # a plain loss.backward() is then routed through the engine
@@ -166,6 +170,9 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         self.watch.backward_begins()
         try:
             scaled.backward(retain_graph=retain_graph)
+        except BaseException:
+            self.watch.abandon_count()
+            raise
         finally:
             self._backward_hooks.inside_engine_backward = False
         self.watch.backward_done()

@@ -33,7 +33,9 @@ class FlopsProfiler:
         if ignore_list:
             raise NotSupportedError("FlopsProfiler.start_profile(ignore_list=...): leaving modules out of the count "
                                     "is not supported by dslaunch's flops profiler", hint="drop ignore_list")
-        self._counter.start()
+        if not self._counter.start():
+            print(f"[zero] warning: flops profiler: {self._counter.failure.describe()}; no FLOPs reported",
+                  file=sys.stderr, flush=True)
         self._started_at = time.perf_counter()
         self.started = True
 
@@ -42,6 +44,10 @@ class FlopsProfiler:
             self._duration = time.perf_counter() - (self._started_at or time.perf_counter())
             self._counter.forward_begins()   # everything counted so far is "forward" for this API
             self._count = self._counter.stop()
+            if self._count.failure is not None:   # a partial count would mislead: none, said once
+                print(f"[zero] warning: flops profiler: {self._count.failure.describe()}; no FLOPs reported",
+                      file=sys.stderr, flush=True)
+                self._count = FlopCount()
             self._count.forward = self._count.total
 
     def reset_profile(self) -> None:
