@@ -67,6 +67,19 @@ def plain_fp32(model: torch.nn.Module, settings: Settings) -> Step:
     return _torch_step(model, _adamw(model.parameters(), settings), settings, autocast=False)
 
 
+def plain_fp32_nudged(model: torch.nn.Module, settings: Settings) -> Step:
+    """plain_fp32 with the loss times (1 + 2**-20) before backward: every gradient moved by about
+    1e-6 of itself, below what Adam and clipping (both scale-free) pass on except through
+    rounding. How far it drifts from plain_fp32 is how far fp32 runs of the model drift by
+    themselves (issue 39: MoE routing amplifies last-bit differences)."""
+    return _torch_step(model, _adamw(model.parameters(), settings), settings, autocast=False, nudge=2.0 ** -20)
+
+
+def plain_nudged(model: torch.nn.Module, settings: Settings) -> Step:
+    """plain (bf16 autocast) with plain_fp32_nudged's nudge: bf16's self-drift."""
+    return _torch_step(model, _adamw(model.parameters(), settings), settings, autocast=True, nudge=2.0 ** -20)
+
+
 def plain_compile(model: torch.nn.Module, settings: Settings) -> Step:
     """Plain PyTorch with ``torch.compile(model)`` (the whole model, one graph where it can)."""
     compiled = torch.compile(model, backend=settings.compile_backend)
@@ -74,15 +87,17 @@ def plain_compile(model: torch.nn.Module, settings: Settings) -> Step:
                        params=list(model.parameters()))
 
 
-def _torch_step(model: torch.nn.Module, optimizer, settings: Settings, autocast: bool, params=None) -> Step:
-    """forward (under autocast when asked), backward, clip by global norm, optimizer step."""
+def _torch_step(model: torch.nn.Module, optimizer, settings: Settings, autocast: bool, params=None,
+                nudge: float = 0.0) -> Step:
+    """forward (under autocast when asked), backward (of the loss times 1 + ``nudge``), clip by
+    global norm, optimizer step."""
     params = list(model.parameters()) if params is None else params
 
     def step(idx, targets, mark=_no_mark):
         with _autocast(settings) if autocast else contextlib.nullcontext():
             loss = model(idx, targets)
         mark("forward")
-        loss.backward()
+        (loss * (1.0 + nudge) if nudge else loss).backward()
         mark("backward")
         if settings.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(params, settings.grad_clip, foreach=True)
@@ -243,6 +258,8 @@ VARIANTS: dict[str, Callable[[torch.nn.Module, Settings], Step]] = {
     "plain": plain,
     "plain_compile": plain_compile,
     "plain_fp32": plain_fp32,
+    "plain_fp32_nudged": plain_fp32_nudged,
+    "plain_nudged": plain_nudged,
     "fsdp2": fsdp2,
     "fsdp2_compile": fsdp2_compile,
     **{f"zero{s}": ours(s) for s in range(4)},
