@@ -13,6 +13,13 @@ class CheckpointError(DslaunchError):
     kind = "checkpoint error"
 
 
+class OptimizerStepError(DslaunchError, RuntimeError):
+    """The optimizer ``initialize`` returned was used in a way that cannot step: a second step on
+    gradients it already applied, a closure, another run's state."""
+
+    kind = "optimizer step error"
+
+
 class LossScaleAtMinimumError(RuntimeError):
     """fp16 overflowed while the dynamic loss scale was already at ``min_loss_scale`` (DeepSpeed's rule)."""
 

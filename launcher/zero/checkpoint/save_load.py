@@ -112,7 +112,7 @@ def _shard(engine, fragments) -> dict:
     records = []
     for fragment in fragments:
         segment = slice(fragment.master_offset, fragment.master_offset + fragment.numel)
-        state = engine.optimizer.state.get(fragment.master, {})
+        state = engine.basic_optimizer.state.get(fragment.master, {})
         record = {"name": fragment.name, "group": fragment.group, "param_start": fragment.param_start,
                   "numel": fragment.numel, "fp32": fragment.master.detach().view(-1)[segment].float().cpu().clone(),
                   "state": {}, SCALAR: {}}
@@ -123,14 +123,14 @@ def _shard(engine, fragments) -> dict:
                 record[SCALAR][key] = value.detach().cpu().clone() if torch.is_tensor(value) else value
         records.append(record)
     shard = {"format": fmt.FORMAT_VERSION, "rank": engine.dist_context.rank, "fragments": records, "rng": _rng_state()}
-    extra = getattr(engine.optimizer, "extra_state_dict", None)
+    extra = getattr(engine.basic_optimizer, "extra_state_dict", None)
     if extra is not None:  # per-rank optimizer state beyond the parameters (1-bit Adam's error buffers)
         shard["optimizer_extra"] = extra()
     return shard
 
 
 def _model_states(engine, module_state, client_state) -> dict:
-    groups = [{k: v for k, v in group.items() if k != "params"} for group in engine.optimizer.param_groups]
+    groups = [{k: v for k, v in group.items() if k != "params"} for group in engine.basic_optimizer.param_groups]
     return {"module": module_state, "param_groups": groups,
             "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
             "loss_scaler": engine.loss_scaler.state_dict() if engine.loss_scaler is not None else None,
@@ -270,7 +270,7 @@ def _restore_fragments(engine, fragments, shards, with_optimizer: bool) -> None:
                 if not with_optimizer:
                     continue
                 state = new_states.setdefault(id(fragment.master), {})
-                group = engine.optimizer.param_groups[fragment.group] if fragment.group < len(engine.optimizer.param_groups) else {}
+                group = engine.basic_optimizer.param_groups[fragment.group] if fragment.group < len(engine.basic_optimizer.param_groups) else {}
                 # torch's policy: scalar state (the step count) stays on the CPU unless capturable or fused
                 on_device = bool(group.get("capturable") or group.get("fused"))
                 for key, value in record[SCALAR].items():
@@ -284,13 +284,13 @@ def _restore_fragments(engine, fragments, shards, with_optimizer: bool) -> None:
                     fmt.copy_overlap(target, fragment.param_start, value, record["param_start"])
     if with_optimizer:
         for key, state in new_states.items():
-            engine.optimizer.state[masters[key]] = state
+            engine.basic_optimizer.state[masters[key]] = state
 
 
 def _restore_training_state(engine, path, states, metadata, shards, load_optimizer_states,
                             load_lr_scheduler_states, prefix: str = "") -> None:
-    if load_optimizer_states and len(states["param_groups"]) == len(engine.optimizer.param_groups):
-        for group, saved in zip(engine.optimizer.param_groups, states["param_groups"]):
+    if load_optimizer_states and len(states["param_groups"]) == len(engine.basic_optimizer.param_groups):
+        for group, saved in zip(engine.basic_optimizer.param_groups, states["param_groups"]):
             group.update(saved)
     if load_lr_scheduler_states and engine.lr_scheduler is not None and states.get("lr_scheduler") is not None:
         engine.lr_scheduler.load_state_dict(states["lr_scheduler"])
@@ -309,7 +309,7 @@ def _restore_training_state(engine, path, states, metadata, shards, load_optimiz
         rank = engine.dist_context.rank
         own = shards.get(rank) or fmt.load_file(os.path.join(path, fmt.shard_name(rank, prefix)))
         _set_rng_state(own["rng"])
-        restore = getattr(engine.optimizer, "load_extra_state_dict", None)
+        restore = getattr(engine.basic_optimizer, "load_extra_state_dict", None)
         if load_optimizer_states and restore is not None and own.get("optimizer_extra") is not None:
             restore(own["optimizer_extra"])
 
