@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.zero.checkpoint import format as fmt
-from launcher.zero.errors import CheckpointError
+from launcher.zero.errors import CheckpointError, CheckpointPathError
 from launcher.zero.experts.wiring import every_expert_entry, global_expert_name
 
 SCALAR = "scalars"
@@ -30,9 +30,10 @@ SCALAR = "scalars"
 # ---- save ---------------------------------------------------------------------------------------
 def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None = None, save_latest: bool = True,
                     exclude_frozen_parameters: bool = False) -> bool:
-    save_dir = os.fspath(save_dir)
+    problem = _missing_folder("save_checkpoint", "save_dir", save_dir)
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
-    _check_tag(engine, tag)
+    _check_tag_and_folder(engine, tag, problem)   # before anything is written; the same error on every rank
+    save_dir = os.fspath(save_dir)
     rank, tensor = engine.dist_context.rank, engine.tensor_parallel
     prefix = fmt.tensor_prefix(tensor.rank, tensor.size)
     lead = rank == 0 and tensor.rank == 0      # one rank of the whole job makes and publishes the folder
@@ -201,6 +202,9 @@ def _publish(save_dir: str, partial: str, tag: str, save_latest: bool) -> None:
 # ---- load ---------------------------------------------------------------------------------------
 def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                     load_lr_scheduler_states=True, load_module_only=False):
+    if load_dir is None:   # "" is the working folder, as os.path.join makes it in DeepSpeed
+        raise CheckpointPathError(_missing_folder("load_checkpoint", "load_dir", load_dir),
+                                  hint="pass the folder save_checkpoint wrote, e.g. engine.load_checkpoint('checkpoints')")
     load_dir = os.fspath(load_dir)
     tag = fmt.resolve_tag(load_dir, tag)
     if tag is None:
@@ -378,12 +382,30 @@ def _all_gather_object(engine, value, whole_job: bool = False) -> list:
     return [json.loads(bytes(chunk[:int(n.item())].tolist()).decode()) for chunk, n in zip(chunks, lengths)]
 
 
-def _check_tag(engine, tag: str) -> None:
+def _missing_folder(method: str, argument: str, folder) -> str | None:
+    """The sentence for a folder argument that names no folder ("" or None), else None."""
+    if folder is None or (isinstance(folder, str) and folder == ""):
+        return f"{method}: {argument} must be a non-empty folder path, got {folder!r}"
+    return None
+
+
+def _check_tag_and_folder(engine, tag: str, folder_problem: str | None) -> None:
+    """One exchange before the save writes anything: a rank without a folder (``save_dir`` "" or None)
+    fails the save on every rank alike (a rank raising alone would leave the others waiting in the
+    save's collectives), then the tag check (``checkpoint.tag_validation``)."""
     mode = engine.zero_config.checkpoint.tag_validation.lower()
-    if mode == "ignore" or engine.dist_context.world_size == 1:
-        return
-    tags = _all_gather_object(engine, tag)
-    if len(set(tags)) > 1:
+    if engine.dist_context.world_size * engine.tensor_parallel.size == 1:
+        entries = [[tag, folder_problem]]
+    else:
+        entries = _all_gather_object(engine, [tag, folder_problem], whole_job=True)
+    problems = [(rank, problem) for rank, (_, problem) in enumerate(entries) if problem]
+    if problems:
+        rank, problem = problems[0]
+        where = "" if len(entries) == 1 else f" (rank {rank}{' and others' if len(problems) > 1 else ''})"
+        raise CheckpointPathError(problem + where, hint="pass the folder to save into, the same on every rank, e.g. "
+                                                        "engine.save_checkpoint('checkpoints'); every rank must call it")
+    tags = [entry_tag for entry_tag, _ in entries]
+    if mode != "ignore" and len(set(tags)) > 1:
         text = f"checkpoint tag differs across ranks: {sorted(set(tags))}"
         if mode == "fail":
             raise CheckpointError(text, hint="pass the same tag on every rank")
