@@ -139,6 +139,13 @@ class ClientStep(EngineOptimizer):
                                      hint="run forward and engine.backward(loss) first, then optimizer.step()")
         self.engine.apply_gradients_unclipped()
 
+    def __getattr__(self, name: str):
+        """What this class does not define is the client optimizer's, as when DeepSpeed hands that
+        optimizer itself back (1-bit Adam's ``last_step_comm``, Lamb's ``get_lamb_coeffs``)."""
+        if name.startswith("__") or name in ("engine", "record", "optimizer"):   # unpickling, half-built
+            raise AttributeError(name)
+        return getattr(self.optimizer, name)
+
 
 def handed_out_optimizer(engine: "ZeroEngine", record: UpdateRecord) -> EngineOptimizer:
     """The optimizer object ``initialize`` returns for this engine (DeepSpeed's choice of wrapper)."""

@@ -43,6 +43,8 @@ def test_isinstance_answers_as_deepspeeds_optimizer(stage, bf16, zero_type, deep
     assert isinstance(optimizer, ZeROOptimizer) is zero_type
     assert isinstance(optimizer, DeepSpeedOptimizer) is deepspeed_type
     assert optimizer.optimizer is engine.basic_optimizer and isinstance(optimizer.optimizer, torch.optim.AdamW)
+    if not deepspeed_type:   # there DeepSpeed returns the client optimizer: its own attributes answer
+        assert optimizer.defaults is engine.basic_optimizer.defaults
 
 
 def test_param_groups_are_the_client_optimizers_so_an_lr_written_there_is_used():
