@@ -91,8 +91,9 @@ def versions(python: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def torchrun(python: str, args: list[str], log: Path, label: str, timeout: float) -> None:
-    """Run ``args`` on WORLD_SIZE ranks under torchrun with DeepSpeed's CPU settings; output to ``log``."""
+def torchrun(python: str, args: list[str], log: Path, label: str, timeout: float, must_pass: bool = True) -> int:
+    """Run ``args`` on WORLD_SIZE ranks under torchrun with DeepSpeed's CPU settings; output to ``log``.
+    Its exit code (a failure ends the recording unless ``must_pass`` is False)."""
     argv = [python, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD_SIZE), "--master_port",
             str(free_port()), *args]
     with log.open("a") as sink:
@@ -100,8 +101,9 @@ def torchrun(python: str, args: list[str], log: Path, label: str, timeout: float
         sink.flush()
         done = subprocess.run(argv, cwd=REPO, env={**os.environ, **ENV}, stdout=sink, stderr=subprocess.STDOUT,
                               timeout=timeout)
-    if done.returncode != 0:
+    if done.returncode != 0 and must_pass:
         raise SystemExit(f"{label}: DeepSpeed run failed (exit {done.returncode}); see {log}")
+    return done.returncode
 
 
 def run_case(python: str, name: str, runs: list[list[str]], log: Path) -> dict:
@@ -138,10 +140,42 @@ def record_bf16_steps(python: str, log: Path) -> dict:
     return {"stages": stages}
 
 
+# the optimizer deepspeed.initialize returns, stepped the ways frameworks step it (returned_optimizer_worker.py)
+RETURNED_WORKER = "tests/dist/workers/returned_optimizer_worker.py"
+RETURNED_LOOPS = ("engine", "optimizer", "both", "lightning")
+
+
+def record_returned_optimizer(python: str, log: Path) -> dict:
+    """Per stage and loop: rank 0's report, or the error DeepSpeed stopped with (its last ``Error:`` line)."""
+    runs = {}
+    for stage in range(4):
+        for loop in RETURNED_LOOPS:
+            runs[f"{stage}/{loop}"] = returned_optimizer_run(python, stage, loop, log)
+    return {"runs": runs}
+
+
+def returned_optimizer_run(python: str, stage: int, loop: str, log: Path, attempts: int = 3) -> dict:
+    """One run; a rank that dies without a Python error (now and then DeepSpeed's CPU build aborts
+    with SIGABRT on this machine) is run again, up to ``attempts`` times."""
+    for _ in range(attempts):
+        with tempfile.TemporaryDirectory(prefix="ds-returned-") as scratch:
+            start = log.stat().st_size if log.exists() else 0
+            code = torchrun(python, [RETURNED_WORKER, str(stage), loop, "--out", scratch], log,
+                            f"returned_optimizer stage {stage} {loop}", timeout=600, must_pass=False)
+            if code == 0:
+                return {"report": json.loads((Path(scratch) / "rank0.json").read_text())}
+            with log.open() as lines:
+                lines.seek(start)
+                errors = [line.strip() for line in lines if "Error:" in line and "[rank0]" in line]
+            if errors:
+                return {"exit_code": code, "error": errors[-1]}
+    raise SystemExit(f"returned_optimizer stage {stage} {loop}: crashed {attempts} times without an error; see {log}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", default="/work/dsref/bin/python", help="a Python with a real DeepSpeed")
-    parser.add_argument("--only", nargs="*", help="case names, loader_order and bf16_steps among them (default: all)")
+    parser.add_argument("--only", nargs="*", help="case names, loader_order, bf16_steps and returned_optimizer among them (default: all)")
     parser.add_argument("--log", default="/tmp/record_deepspeed_losses.log")
     options = parser.parse_args()
 
@@ -160,6 +194,11 @@ def main() -> int:
                   "worker": BF16_WORKER, **record_bf16_steps(options.python, Path(options.log))}
         (out_dir / "bf16_steps.json").write_text(json.dumps(record, indent=1) + "\n")
         print("bf16_steps: recorded stages", sorted(record["stages"]), flush=True)
+    if not options.only or "returned_optimizer" in options.only:
+        record = {"case": "returned_optimizer", "versions": found, "launch": launch, "world_size": WORLD_SIZE,
+                  "worker": RETURNED_WORKER, **record_returned_optimizer(options.python, Path(options.log))}
+        (out_dir / "returned_optimizer.json").write_text(json.dumps(record, indent=1) + "\n")
+        print("returned_optimizer: recorded", sorted(record["runs"]), flush=True)
     for name, runs in cases().items():
         if options.only and name not in options.only:
             continue

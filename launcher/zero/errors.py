@@ -13,6 +13,19 @@ class CheckpointError(DslaunchError):
     kind = "checkpoint error"
 
 
+class OptimizerStepError(DslaunchError, RuntimeError):
+    """The optimizer ``initialize`` returned was used in a way that cannot step: a second step on
+    gradients it already applied, a closure, another run's state."""
+
+    kind = "optimizer step error"
+
+
+class CheckpointPathError(CheckpointError, ValueError, TypeError):
+    """``save_checkpoint`` / ``load_checkpoint`` without a folder (``""`` or None). DeepSpeed 0.19.8
+    raises ValueError for a save and TypeError for ``load_checkpoint(None)``; this is both, so a
+    script's ``except`` written against either still catches it."""
+
+
 class LossScaleAtMinimumError(RuntimeError):
     """fp16 overflowed while the dynamic loss scale was already at ``min_loss_scale`` (DeepSpeed's rule)."""
 

@@ -38,7 +38,7 @@ def case(rank, world_size, stage, offload_param=False, client_cpu_adam=False, ga
     masters = [p for g in opt.param_groups for p in g["params"]]
     states = [t for st in opt.state.values() for t in st.values() if hasattr(t, "device") and t.dim() > 0]
     shards = [p.ds_tensor for p in model.parameters() if hasattr(p, "ds_tensor")]
-    return {"stage": stage, "offload_param": offload_param, "optimizer": type(opt).__name__,
+    return {"stage": stage, "offload_param": offload_param, "optimizer": type(opt.optimizer).__name__,
             "max_abs_error": error, "masters_on": sorted({m.device.type for m in masters}),
             "state_on": sorted({t.device.type for t in states}), "state_count": len(states),
             "shards_on": sorted({t.device.type for t in shards}), "memory": engine.memory_breakdown()}

@@ -41,7 +41,7 @@ def worker(out_dir):
     engine, opt, _, _ = zero.initialize(model=make_model(), config=CONFIG)
     direct_model = make_model()
     direct = OnebitAdam(direct_model.parameters(), lr=0.01, freeze_step=2, comm_backend_name="gloo")
-    result = {"type": type(opt).__name__, "engine": [], "direct": [], "phase": []}
+    result = {"type": type(opt.optimizer).__name__, "engine": [], "direct": [], "phase": []}   # inside the engine's
     for step in range(1, 5):
         x, y = batch(rank, step)
         engine.backward(torch.nn.functional.mse_loss(engine(x), y))

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.zero.checkpoint import format as fmt
-from launcher.zero.errors import CheckpointError
+from launcher.zero.errors import CheckpointError, CheckpointPathError
 from launcher.zero.experts.wiring import every_expert_entry, global_expert_name
 
 SCALAR = "scalars"
@@ -30,9 +30,10 @@ SCALAR = "scalars"
 # ---- save ---------------------------------------------------------------------------------------
 def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None = None, save_latest: bool = True,
                     exclude_frozen_parameters: bool = False) -> bool:
-    save_dir = os.fspath(save_dir)
+    problem = _missing_folder("save_checkpoint", "save_dir", save_dir)
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
-    _check_tag(engine, tag)
+    _check_tag_and_folder(engine, tag, problem)   # before anything is written; the same error on every rank
+    save_dir = os.fspath(save_dir)
     rank, tensor = engine.dist_context.rank, engine.tensor_parallel
     prefix = fmt.tensor_prefix(tensor.rank, tensor.size)
     lead = rank == 0 and tensor.rank == 0      # one rank of the whole job makes and publishes the folder
@@ -112,7 +113,7 @@ def _shard(engine, fragments) -> dict:
     records = []
     for fragment in fragments:
         segment = slice(fragment.master_offset, fragment.master_offset + fragment.numel)
-        state = engine.optimizer.state.get(fragment.master, {})
+        state = engine.basic_optimizer.state.get(fragment.master, {})
         record = {"name": fragment.name, "group": fragment.group, "param_start": fragment.param_start,
                   "numel": fragment.numel, "fp32": fragment.master.detach().view(-1)[segment].float().cpu().clone(),
                   "state": {}, SCALAR: {}}
@@ -123,14 +124,14 @@ def _shard(engine, fragments) -> dict:
                 record[SCALAR][key] = value.detach().cpu().clone() if torch.is_tensor(value) else value
         records.append(record)
     shard = {"format": fmt.FORMAT_VERSION, "rank": engine.dist_context.rank, "fragments": records, "rng": _rng_state()}
-    extra = getattr(engine.optimizer, "extra_state_dict", None)
+    extra = getattr(engine.basic_optimizer, "extra_state_dict", None)
     if extra is not None:  # per-rank optimizer state beyond the parameters (1-bit Adam's error buffers)
         shard["optimizer_extra"] = extra()
     return shard
 
 
 def _model_states(engine, module_state, client_state) -> dict:
-    groups = [{k: v for k, v in group.items() if k != "params"} for group in engine.optimizer.param_groups]
+    groups = [{k: v for k, v in group.items() if k != "params"} for group in engine.basic_optimizer.param_groups]
     return {"module": module_state, "param_groups": groups,
             "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
             "loss_scaler": engine.loss_scaler.state_dict() if engine.loss_scaler is not None else None,
@@ -201,6 +202,9 @@ def _publish(save_dir: str, partial: str, tag: str, save_latest: bool) -> None:
 # ---- load ---------------------------------------------------------------------------------------
 def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_optimizer_states=True,
                     load_lr_scheduler_states=True, load_module_only=False):
+    if load_dir is None:   # "" is the working folder, as os.path.join makes it in DeepSpeed
+        raise CheckpointPathError(_missing_folder("load_checkpoint", "load_dir", load_dir),
+                                  hint="pass the folder save_checkpoint wrote, e.g. engine.load_checkpoint('checkpoints')")
     load_dir = os.fspath(load_dir)
     tag = fmt.resolve_tag(load_dir, tag)
     if tag is None:
@@ -270,7 +274,7 @@ def _restore_fragments(engine, fragments, shards, with_optimizer: bool) -> None:
                 if not with_optimizer:
                     continue
                 state = new_states.setdefault(id(fragment.master), {})
-                group = engine.optimizer.param_groups[fragment.group] if fragment.group < len(engine.optimizer.param_groups) else {}
+                group = engine.basic_optimizer.param_groups[fragment.group] if fragment.group < len(engine.basic_optimizer.param_groups) else {}
                 # torch's policy: scalar state (the step count) stays on the CPU unless capturable or fused
                 on_device = bool(group.get("capturable") or group.get("fused"))
                 for key, value in record[SCALAR].items():
@@ -284,13 +288,13 @@ def _restore_fragments(engine, fragments, shards, with_optimizer: bool) -> None:
                     fmt.copy_overlap(target, fragment.param_start, value, record["param_start"])
     if with_optimizer:
         for key, state in new_states.items():
-            engine.optimizer.state[masters[key]] = state
+            engine.basic_optimizer.state[masters[key]] = state
 
 
 def _restore_training_state(engine, path, states, metadata, shards, load_optimizer_states,
                             load_lr_scheduler_states, prefix: str = "") -> None:
-    if load_optimizer_states and len(states["param_groups"]) == len(engine.optimizer.param_groups):
-        for group, saved in zip(engine.optimizer.param_groups, states["param_groups"]):
+    if load_optimizer_states and len(states["param_groups"]) == len(engine.basic_optimizer.param_groups):
+        for group, saved in zip(engine.basic_optimizer.param_groups, states["param_groups"]):
             group.update(saved)
     if load_lr_scheduler_states and engine.lr_scheduler is not None and states.get("lr_scheduler") is not None:
         engine.lr_scheduler.load_state_dict(states["lr_scheduler"])
@@ -309,7 +313,7 @@ def _restore_training_state(engine, path, states, metadata, shards, load_optimiz
         rank = engine.dist_context.rank
         own = shards.get(rank) or fmt.load_file(os.path.join(path, fmt.shard_name(rank, prefix)))
         _set_rng_state(own["rng"])
-        restore = getattr(engine.optimizer, "load_extra_state_dict", None)
+        restore = getattr(engine.basic_optimizer, "load_extra_state_dict", None)
         if load_optimizer_states and restore is not None and own.get("optimizer_extra") is not None:
             restore(own["optimizer_extra"])
 
@@ -378,12 +382,30 @@ def _all_gather_object(engine, value, whole_job: bool = False) -> list:
     return [json.loads(bytes(chunk[:int(n.item())].tolist()).decode()) for chunk, n in zip(chunks, lengths)]
 
 
-def _check_tag(engine, tag: str) -> None:
+def _missing_folder(method: str, argument: str, folder) -> str | None:
+    """The sentence for a folder argument that names no folder ("" or None), else None."""
+    if folder is None or (isinstance(folder, str) and folder == ""):
+        return f"{method}: {argument} must be a non-empty folder path, got {folder!r}"
+    return None
+
+
+def _check_tag_and_folder(engine, tag: str, folder_problem: str | None) -> None:
+    """One exchange before the save writes anything: a rank without a folder (``save_dir`` "" or None)
+    fails the save on every rank alike (a rank raising alone would leave the others waiting in the
+    save's collectives), then the tag check (``checkpoint.tag_validation``)."""
     mode = engine.zero_config.checkpoint.tag_validation.lower()
-    if mode == "ignore" or engine.dist_context.world_size == 1:
-        return
-    tags = _all_gather_object(engine, tag)
-    if len(set(tags)) > 1:
+    if engine.dist_context.world_size * engine.tensor_parallel.size == 1:
+        entries = [[tag, folder_problem]]
+    else:
+        entries = _all_gather_object(engine, [tag, folder_problem], whole_job=True)
+    problems = [(rank, problem) for rank, (_, problem) in enumerate(entries) if problem]
+    if problems:
+        rank, problem = problems[0]
+        where = "" if len(entries) == 1 else f" (rank {rank}{' and others' if len(problems) > 1 else ''})"
+        raise CheckpointPathError(problem + where, hint="pass the folder to save into, the same on every rank, e.g. "
+                                                        "engine.save_checkpoint('checkpoints'); every rank must call it")
+    tags = [entry_tag for entry_tag, _ in entries]
+    if mode != "ignore" and len(set(tags)) > 1:
         text = f"checkpoint tag differs across ranks: {sorted(set(tags))}"
         if mode == "fail":
             raise CheckpointError(text, hint="pass the same tag on every rank")

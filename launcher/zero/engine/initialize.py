@@ -35,6 +35,11 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
                collate_fn=None, config=None, config_params=None, process_group=None):
     """DeepSpeed's ``initialize``: returns ``(engine, optimizer, training_dataloader, lr_scheduler)``.
 
+    ``optimizer`` is ``engine.optimizer``, the engine's ZeRO optimizer around the client's (as
+    DeepSpeed's is): its ``step()`` is the ZeRO step on what ``engine.backward`` reduced (unscale,
+    clip, the client optimizer, the model updated) without the scheduler or ``global_steps``,
+    which ``engine.step()`` adds; ``param_groups`` are the client optimizer's own.
+
     ``config``: a dict or a JSON/YAML path (else ``config_params``, ``args.deepspeed_config``,
     or the launcher's ``DSLAUNCH_CONFIG``). ``optimizer`` / ``lr_scheduler``: objects, or
     callables receiving the parameters / the optimizer; they win over the config's sections.
@@ -89,7 +94,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
                                     watch=StepWatch(cfg, dist_context, monitor, environ)))
     engine.experts = experts
     _ready_and_compiled(engine, monitor, param_count)
-    return engine, optimizer, dataloader, scheduler
+    return engine, engine.optimizer, dataloader, scheduler
 
 
 def _strategy_class(cfg, mpu, model) -> type:

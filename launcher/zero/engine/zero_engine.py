@@ -2,8 +2,9 @@
 
 A script calls ``engine(batch)``, ``engine.backward(loss)`` and ``engine.step()`` on every
 micro-step. ``step()`` updates the model only on an accumulation boundary (accumulation.py);
-that update is ``_take_model_step``: gradients onto the masters, the global norm, skip or
-unscale-and-clip, the optimizer, the scheduler. Where tensors live and how they move between
+that update is ``_take_model_step``: the optimizer update (``update_parameters``: gradients onto
+the masters, the global norm, skip or unscale-and-clip, the optimizer), then the scheduler. The
+optimizer ``initialize`` hands back (zero_optimizer.py) runs the same ``update_parameters``. Where tensors live and how they move between
 ranks is the strategy's job (stages/base.py declares every method the engine calls); what is
 printed and recorded is reporting.py's; checkpoints are checkpoint/save_load.py's.
 """
@@ -27,6 +28,7 @@ from launcher.zero.engine.plain_backward import BackwardHooks
 from launcher.zero.engine.precision import PrecisionPolicy, skips_non_finite
 from launcher.zero.engine.reporting import Progress, StepFacts
 from launcher.zero.engine.watch import StepWatch
+from launcher.zero.engine.zero_optimizer import EngineOptimizer, UpdateRecord, handed_out_optimizer, second_step
 from launcher.zero.errors import ConfigError, NotSupportedError
 from launcher.zero.stages.base import DeviceNorm, ZeroStrategy, grad_factor
 
@@ -65,13 +67,15 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
     An ``nn.Module`` whose one child is ``module``, as DeepSpeed's engine is: integrations walk it
     (accelerate's ``has_compiled_regions``, ``extract_model_from_parallel``). ``config`` is the
     config dict as given (DeepSpeed's meaning: Hugging Face reads ``engine.config.get(...)``);
-    the checked, typed config is ``zero_config``.
+    the checked, typed config is ``zero_config``. ``optimizer`` is the engine's ZeRO optimizer
+    (what ``initialize`` returns, zero_optimizer.py); ``basic_optimizer`` the client's torch
+    optimizer it steps, over the master tensors.
     """
 
     def __init__(self, parts: EngineParts):
         torch.nn.Module.__init__(self)
         self.module = parts.module
-        self.optimizer = parts.optimizer
+        self.basic_optimizer = parts.optimizer
         self.lr_scheduler = parts.lr_scheduler
         self.zero_config = parts.config
         self.dist_context = parts.dist_context
@@ -89,6 +93,8 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
                                          self.zero_config.managed_gradient_accumulation)
         self._step_applied = False
         self._global_grad_norm: float | DeviceNorm | None = None
+        self._update = UpdateRecord()
+        self.optimizer: EngineOptimizer = handed_out_optimizer(self, self._update)
         sync = torch.cuda.synchronize if self.dist_context.device.type == "cuda" else None
         self.progress = Progress(self.zero_config, self.monitor, getattr(self.lr_scheduler, "total_num_steps", None), sync,
                                  self.watch)
@@ -188,6 +194,7 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
     def _backward_prologue(self) -> bool:
         """The strategy's pre_backward for this micro-step (from engine.backward or a plain backward)."""
         boundary = self.is_gradient_accumulation_boundary()
+        self._update.stepped_by_optimizer = False   # new gradients: optimizer.step() may apply them
         self.strategy.pre_backward(boundary)
         return boundary
 
@@ -211,29 +218,50 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
 
     # ---- the optimizer step, at an accumulation boundary ------------------------------------
     def _take_model_step(self, lr_kwargs: dict | None) -> None:
+        if self._update.stepped_by_optimizer:   # DeepSpeed's ZeRO optimizer fails on it too (TypeError)
+            raise second_step("engine.step()")
+        if self.update_parameters():
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step(**(lr_kwargs or {}))
+            self._step_applied = True
+        else:
+            self.skipped_steps += 1
+        self.global_steps += 1
+        self.global_samples += self.train_batch_size()
+
+    def update_parameters(self) -> bool:
+        """The optimizer update of one step, what DeepSpeed's ZeRO optimizer ``step()`` does: the
+        gradients onto the masters, the global norm, then either skip (non-finite gradients; the
+        fp16 scale drops) or unscale-and-clip, the client optimizer, the masters into the model.
+        The gradients are dropped either way. True when the update was applied."""
         strategy = self.strategy
         strategy.wait_for_step()             # the previous step's background update (overlap_step)
         strategy.prepare_master_grads()      # masters get fp32 grads, averaged over ranks, times the loss scale
         scale = self.get_loss_scale()
         norm = self._global_norm(scale)      # unscaled; inf when any gradient is; maybe still on the device
-        if self._skips_non_finite and norm == float("inf"):
+        self._update.overflow = self._skips_non_finite and norm == float("inf")
+        if self._update.overflow:
             self._skip_step(scale)
             strategy.zero_grad()
-        else:
-            # DeepSpeed fuses unscaling and clipping: grads /= scale * max(1, (norm + 1e-6) / clip)
-            strategy.scale_master_grads(grad_factor(norm, scale, self.zero_config.gradient_clipping))
-            if not strategy.step_in_background(self.optimizer):   # overlap_step runs these three itself
-                self.optimizer.step()
-                strategy.after_optimizer_step()   # masters -> model parameters (all-gathered when partitioned)
-                strategy.zero_grad()
-            if self.loss_scaler is not None:
-                self.loss_scaler.update(False)
-            if self.lr_scheduler is not None:
-                self.lr_scheduler.step(**(lr_kwargs or {}))
-            self._global_grad_norm = norm
-            self._step_applied = True
-        self.global_steps += 1
-        self.global_samples += self.train_batch_size()
+            return False
+        # DeepSpeed fuses unscaling and clipping: grads /= scale * max(1, (norm + 1e-6) / clip)
+        strategy.scale_master_grads(grad_factor(norm, scale, self.zero_config.gradient_clipping))
+        if not strategy.step_in_background(self.basic_optimizer):   # overlap_step runs these three itself
+            self.basic_optimizer.step()
+            strategy.after_optimizer_step()   # masters -> model parameters (all-gathered when partitioned)
+            strategy.zero_grad()
+        if self.loss_scaler is not None:
+            self.loss_scaler.update(False)
+        self._global_grad_norm = norm
+        return True
+
+    def apply_gradients_unclipped(self) -> None:
+        """Stage 0 in fp32: the client optimizer's own ``step()`` as DeepSpeed hands it back: the
+        all-reduced gradients applied as they are, left in place (see zero_optimizer.ClientStep)."""
+        self.strategy.wait_for_step()
+        self.strategy.prepare_master_grads()
+        self.basic_optimizer.step()
+        self.strategy.after_optimizer_step()
 
     @property
     def _skips_non_finite(self) -> bool:
@@ -257,7 +285,6 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         return float("inf") if stats.overflow else stats.norm / scale
 
     def _skip_step(self, scale: float) -> None:
-        self.skipped_steps += 1
         self._global_grad_norm = None
         if self.loss_scaler is not None:
             self.monitor.log(f"OVERFLOW! Skipping step {self.global_steps + 1}. Attempted loss scale: {scale:g}")

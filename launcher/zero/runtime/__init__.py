@@ -1,4 +1,5 @@
-"""``deepspeed.runtime``: the modules scripts import by path (``utils``, ``lr_schedules``, ``engine``)."""
+"""``deepspeed.runtime``: the modules scripts import by path (``utils``, ``lr_schedules``, ``engine``,
+``base_optimizer``)."""
 import importlib as _importlib
 
 

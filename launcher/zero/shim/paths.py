@@ -51,6 +51,7 @@ DEEPSPEED_PATHS: dict[str, str | NotBuilt] = {
     "deepspeed.runtime.utils": "launcher.zero.runtime.utils",
     "deepspeed.runtime.lr_schedules": "launcher.zero.runtime.lr_schedules",
     "deepspeed.runtime.engine": "launcher.zero.runtime.engine",
+    "deepspeed.runtime.base_optimizer": "launcher.zero.runtime.base_optimizer",
     "deepspeed.runtime.zero": "launcher.zero.zero",
     "deepspeed.runtime.zero.partition_parameters": "launcher.zero.zero.partition_parameters",
     "deepspeed.runtime.zero.offload_config": "launcher.zero.zero.offload_config",

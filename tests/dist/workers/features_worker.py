@@ -108,7 +108,8 @@ def optimizer_checks():
         losses.append(loss.item())
         engine.backward(loss)
         engine.step()
-    emit("lamb", refused=refused, losses=losses, type=type(opt).__name__, coeffs=opt.get_lamb_coeffs())
+    lamb = opt.optimizer   # the client optimizer inside the ZeRO optimizer initialize returns, as in DeepSpeed
+    emit("lamb", refused=refused, losses=losses, type=type(lamb).__name__, coeffs=lamb.get_lamb_coeffs())
 
     m = model()
     built = {}
@@ -120,7 +121,9 @@ def optimizer_checks():
     for _ in range(2):
         engine.backward(engine(torch.ones(1, 8)).sum())
         engine.step()
-    emit("client_callables", same_object=opt is built["opt"], lr=engine.get_lr()[0], same=same_on_all_ranks(flat(m)))
+    # initialize returns the ZeRO optimizer around the client's (as DeepSpeed does); the scheduler got the client's
+    emit("client_callables", same_object=opt.optimizer is built["opt"] and sched.optimizer is built["opt"],
+         lr=engine.get_lr()[0], same=same_on_all_ranks(flat(m)))
 
 
 class Indexed(torch.utils.data.Dataset):
