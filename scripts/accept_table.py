@@ -132,7 +132,7 @@ def markdown(rows: list[dict], drifts: list[dict], header: list[str]) -> str:
               "| step ratio to plain | step ms | MFU | engine's mfu= | peak GiB | step-1 loss |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        status = r["status"] + (f" ({r['reason']})" if r.get("reason") else "")
+        status = r["status"] + (f" ({r['reason'][:90]})" if r.get("reason") else "")   # all of it: rows.jsonl
         deepspeed = _fmt(r.get("vs_deepspeed"), ".2e") + (f" ({r['note']})" if r.get("note") else "")
         lines.append("| " + " | ".join([
             r["model"], r["variant"], r["engine"], status.replace("|", "/"), deepspeed, _fmt(r.get("vs_plain"), ".2e"),
