@@ -39,8 +39,25 @@ def _holds_deepspeed(folder: str) -> bool:
     return any(name == "deepspeed" or name.startswith("deepspeed-") for name in os.listdir(folder))
 
 
+def _view_without_deepspeed(entry: str, view: str) -> str:
+    """A folder of links to everything in ``entry`` but DeepSpeed."""
+    os.makedirs(view, exist_ok=True)
+    for name in os.listdir(entry):
+        if not (name == "deepspeed" or name.startswith("deepspeed-")):
+            os.symlink(os.path.join(entry, name), os.path.join(view, name))
+    return view
+
+
 def python_without_deepspeed(folder: str) -> tuple[str, dict[str, str]]:
-    """(a python executable, the env changes it needs): this interpreter's packages, DeepSpeed left out."""
+    """(a python executable, the env changes it needs): this interpreter's packages, DeepSpeed left out.
+    Where DeepSpeed comes only from PYTHONPATH (the GPU machine: scripts/gpu_runs.sh installs it in
+    /tmp/site), this Python with those PYTHONPATH folders swapped for views; else a throwaway venv."""
+    held = [p for p in sys.path if p and os.path.isdir(p) and _holds_deepspeed(p)]
+    from_env = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if held and all(os.path.realpath(p) in map(os.path.realpath, from_env) for p in held):
+        paths = [_view_without_deepspeed(p, os.path.join(folder, f"view{i}"))
+                 if os.path.isdir(p) and _holds_deepspeed(p) else p for i, p in enumerate(from_env)]
+        return sys.executable, {"PYTHONPATH": os.pathsep.join([REPO, *paths])}
     stdlib = {os.path.realpath(sysconfig.get_paths()[k]) for k in ("stdlib", "platstdlib")}
     entries = [p for p in sys.path if p and os.path.isdir(p) and os.path.realpath(p) != os.path.realpath(REPO)
                and not any(os.path.realpath(p).startswith(s) and "-packages" not in p for s in stdlib)]
@@ -48,12 +65,7 @@ def python_without_deepspeed(folder: str) -> tuple[str, dict[str, str]]:
     lines = []
     for i, entry in enumerate(entries):
         if _holds_deepspeed(entry):
-            view = os.path.join(folder, f"view{i}")
-            os.makedirs(view, exist_ok=True)
-            for name in os.listdir(entry):
-                if not (name == "deepspeed" or name.startswith("deepspeed-")):
-                    os.symlink(os.path.join(entry, name), os.path.join(view, name))
-            entry = view
+            entry = _view_without_deepspeed(entry, os.path.join(folder, f"view{i}"))
         lines.append(f"import site; site.addsitedir({entry!r})")
     python = os.path.join(folder, "bin", "python")
     site_packages = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],

@@ -170,7 +170,11 @@ class Run:
         if engine == "ours":
             python = sys.executable
             if importlib.util.find_spec("deepspeed") is not None:   # the shim will not hide a real one
-                python, changes = python_without_deepspeed(os.path.join(scratch, "venv"))
+                try:
+                    python, changes = python_without_deepspeed(os.path.join(scratch, "python"))
+                except (OSError, subprocess.SubprocessError) as exc:
+                    return self.record(model="llama", variant=variant, engine=engine, status="error",
+                                       error=f"no Python without DeepSpeed for --as-deepspeed: {exc}"[:300])
                 env.update(changes)
             argv = [python, "-m", "launcher", "--num_gpus", "1", "--as-deepspeed", "--no_local_rank",
                     "--master_port", env["MASTER_PORT"], *script]
