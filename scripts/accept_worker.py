@@ -164,6 +164,7 @@ def run_cell(engine: str, name: str, variant: str, template, data, shape, device
     model = models.CausalLMLoss(copy.deepcopy(template))
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
+    held_before = torch.cuda.memory_allocated(device) / 2**30 if cuda else None   # > 0: an earlier cell leaked
     tee = Tee(sys.stdout)
     losses, step_ms = [], []
     with contextlib.redirect_stdout(tee):
@@ -187,7 +188,8 @@ def run_cell(engine: str, name: str, variant: str, template, data, shape, device
               "peak_mem_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if cuda else None,
               "engine_mfu": engine_mfu(tee.lines, shape.warmup) if engine == "ours" else None,
               "device": torch.cuda.get_device_name(device) if cuda else "cpu",
-              "skipped_steps": getattr(engine_object, "skipped_steps", None)}
+              "skipped_steps": getattr(engine_object, "skipped_steps", None),
+              "held_before_gib": None if held_before is None else round(held_before, 3)}
     destroy = getattr(engine_object, "destroy", None)
     if callable(destroy):
         destroy()

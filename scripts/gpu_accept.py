@@ -7,9 +7,9 @@ and stages 2 and 3 with optimizer offload, under our engine and DeepSpeed with t
 seed and per-step batches; plain PyTorch trains each model in DeepSpeed's recipe (bf16 weights,
 fp32 masters) and with harmless changes, which measures how far the model drifts by itself and so
 sets its loss bound (accept_table.loss_bound); plus one stock Trainer run at ZeRO-3 (accept_trainer.py)
-under plain PyTorch, ours (dslaunch --as-deepspeed) and DeepSpeed. Each engine's cells run one after
-another in one process (accept_worker.py; DeepSpeed's in one per model), with a time limit per
-cell: a crash or hang is a red cell and the run goes on in a new process. Every record is appended
+under plain PyTorch, ours (dslaunch --as-deepspeed) and DeepSpeed. An engine's cells of one model run
+one after another in one process (accept_worker.py; plain's of every model in one), with a time limit
+per cell: a crash or hang is a red cell and the run goes on in a new process. Every record is appended
 to OUTDIR/cells.jsonl as it comes; the table goes to stdout and OUTDIR/accept.md; exit 1 if any
 cell is red.
 
@@ -275,7 +275,8 @@ def main(argv=None) -> int:
                                     stderr=subprocess.STDOUT, env=process_env(args.device), start_new_session=True)
     run.run_group("plain", [(m, v) for m in names for v in PLAIN_VARIANTS], "plain")
     wait(prebuild, 60)   # our offload's CPU Adam is timed on a quiet host, if the compile ends soon enough
-    run.run_group("ours", [(m, v) for m in names for v in variants], "ours")
+    for m in names:   # a process per model, as DeepSpeed's: what one engine leaks stays with one model
+        run.run_group("ours", [(m, v) for v in variants], f"ours-{m}")
     if prebuild is not None and not wait(prebuild, max(10.0, 300 - (time.monotonic() - run.started))):
         os.killpg(prebuild.pid, signal.SIGKILL)
     for m in names:
