@@ -3,8 +3,8 @@
 Four families a user trains with ZeRO: Llama with grouped-query attention, GPT-2 (tied head,
 Conv1D layers), Qwen2 (GQA, biased q/k/v, tied head) and Mixtral (GQA, 8 experts top-2), each
 about 200-300M parameters so one step of 8 x 1024 tokens keeps an H100 busy; ``tiny`` gives
-2-layer versions for the CPU. Nothing is downloaded: every model is built from a config on the
-CPU in fp32 from one seed, so every process gets the same starting weights, then copied.
+2-layer versions for the CPU. Nothing is downloaded: every model is built from a config in fp32
+from one seed, so every process gets the same starting weights, and kept on the CPU to copy.
 Mixtral runs transformers' own experts loop (``experts_implementation="eager"``): the local
 PyTorch code, the same in every dtype and transformers version, and nothing from the hub.
 """
@@ -81,14 +81,17 @@ def hf_config(name: str, tiny: bool):
     return class_name, config_class(**(small if tiny else full), attn_implementation="sdpa")
 
 
-def build_lm(name: str, tiny: bool) -> torch.nn.Module:
-    """The causal LM on the CPU in fp32, its weights from ``SEED`` (the same in every process)."""
+def build_lm(name: str, tiny: bool, device: str = "cpu") -> torch.nn.Module:
+    """The causal LM in fp32 on the CPU, its weights drawn from ``SEED`` on ``device``: the same in
+    every process that draws on the same kind of device (a GPU draws 250M numbers in milliseconds,
+    the CPU in seconds, and each process builds each of its models once)."""
     import transformers
 
     class_name, config = hf_config(name, tiny)
     torch.manual_seed(SEED)
-    lm = getattr(transformers, class_name)(config)
-    return lm.train()
+    with torch.device(device):
+        lm = getattr(transformers, class_name)(config)
+    return lm.to("cpu").train()
 
 
 def flops_per_token(lm: torch.nn.Module, seq: int) -> float:

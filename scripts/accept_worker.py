@@ -251,7 +251,7 @@ def main(argv=None) -> int:
                 if built != name:   # one template per model: cells are grouped by model
                     template = data = built = None
                     gc.collect()
-                    template = models.build_lm(name, args.tiny)
+                    template = models.build_lm(name, args.tiny, device.type)
                     built = name
                     data = [(i.to(device), t.to(device)) for i, t in models.batches(template.config.vocab_size, shape)]
                 common.update(params=sum(p.numel() for p in template.parameters()),
