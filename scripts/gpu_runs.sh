@@ -3,6 +3,14 @@
 # (10 minutes): run from the repository root on the GPU machine, with the DeepSpeed wheel and its
 # dependencies carried in device-carry/ (scripts/build_device_carry.sh builds it; it is git-ignored).
 #
+# Issue 39 (the GPU tier's acceptance run; docs/development/tests.md, "The GPU tier"):
+#   scripts/gpu_runs.sh accept       OUTDIR  Llama (GQA), GPT-2, Qwen2 and Mixtral at ZeRO 0-3 in bf16, stage 2
+#                                            in fp16 and stages 2/3 with optimizer offload, ours beside plain
+#                                            PyTorch and DeepSpeed (same config, seed, batches), and a stock
+#                                            Trainer at ZeRO-3; the table on stdout and in OUTDIR/accept.md
+#                                            (also in accept.tar.gz); exits 1 if a cell is red  (~7.5 min)
+#   scripts/gpu_runs.sh accept-tests OUTDIR  the same with a shorter budget, then the GPU tests if time is left
+#                                            (a '-', not a '+': the packed file is named after the part)
 # Issue 32 (estimates from the 2026-12-05 H100 figures; every command has its own time limit):
 #   scripts/gpu_runs.sh speed3   OUTDIR  GPU tests, then plain / plain_compile / zero2_compile /
 #                                        zero3_compile / fsdp2_compile, 3 interleaved repeats, and
@@ -29,10 +37,10 @@
 # JSON is on its [bench] line in NAME.txt). At the end everything but the traces is packed into
 # OUTDIR/PART.tar.gz, since the device tool brings back at most 8 files.
 set -uo pipefail
-parts="speed3|offload3|llama|capacity2|moe|speed|sweep|capacity|check"
+parts="accept|accept-tests|speed3|offload3|llama|capacity2|moe|speed|sweep|capacity|check"
 part=${1:?usage: scripts/gpu_runs.sh $parts OUTDIR}
 out=${2:?usage: scripts/gpu_runs.sh $part OUTDIR}
-case $part in speed3|offload3|llama|capacity2|moe|speed|sweep|capacity|check) ;;
+case $part in accept|accept-tests|speed3|offload3|llama|capacity2|moe|speed|sweep|capacity|check) ;;
   *) echo "unknown part '$part': ${parts//|/, }"; exit 2 ;; esac
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0
@@ -63,6 +71,18 @@ trace() {   # trace VARIANT SECONDS: where one offloaded step's time goes
     python3 scripts/trace_summary.py "$out/trace-$variant.json.gz" --top 6 | tee "$out/trace-$variant.summary"
 }
 
+accept() {   # accept BUDGET: scripts/gpu_accept.py, its own budget BUDGET s (+60 s to report), the table to stdout
+    local budget=$1
+    echo "== accept: python3 scripts/gpu_accept.py \$OUT --budget $budget"
+    [ "$part" = check ] && return 0
+    timeout $((budget + 60)) python3 scripts/gpu_accept.py "$out" --budget "$budget" >"$out/accept.txt" 2>&1
+    status=$?
+    echo "   exit $status"
+    # the device tool shows the last 12,000 characters: the table without plain's rows (all of it: accept.md)
+    if [ -f "$out/accept.md" ]; then grep -v -E '^\| [a-z0-9]+ \| [a-z0-9_]+ \| plain \|' "$out/accept.md"
+    else tail -30 "$out/accept.txt"; fi
+}
+
 setup() {
     [ "$part" = check ] && return 0
     if ! python3 -c "import deepspeed" 2>/dev/null; then
@@ -86,8 +106,17 @@ pack() {   # everything but the Chrome traces into one file; traces over 15 MiB 
 trap pack EXIT
 
 bench=(python3 scripts/bench_engine.py --warmup 3 --steps 6)
+status=0
 setup
 case $part in
+  accept|check)
+    accept 500
+    ;;&
+  accept-tests|check)
+    accept 390
+    left=$((565 - SECONDS))   # the device tool stops a command at 600 s; pack needs a few
+    if [ "$left" -ge 60 ] || [ "$part" = check ]; then gpu_tests "$left"; else echo "== gpu-tests: skipped, ${left}s left"; fi
+    ;;&
   speed3|check)
     gpu_tests 130
     run compile3 330 "${bench[@]}" --repeat 3 --budget 300 --timeout 150 --variants \
@@ -141,3 +170,4 @@ case $part in
     run capacity 540 python3 scripts/bench_capacity.py --tries 3 --timeout 120
     ;;
 esac
+exit $status

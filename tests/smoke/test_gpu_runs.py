@@ -68,3 +68,13 @@ def test_bad_part_or_missing_dir_is_a_usage_error(argv):
     proc = subprocess.run(["bash", SCRIPT, *argv], capture_output=True, text=True, timeout=30, cwd=REPO)
     assert proc.returncode != 0
     assert "usage" in proc.stderr + proc.stdout or "unknown part" in proc.stdout
+
+
+def test_issue_39_accept_parts_run_the_acceptance_driver_within_the_device_limit(tmp_path):
+    from scripts import gpu_accept
+
+    accept = [c for c in _commands(tmp_path) if "scripts/gpu_accept.py" in c]
+    assert len(accept) == 2                      # accept, and accept-tests before the GPU tests
+    for command in accept:
+        args = gpu_accept.parse_args(command.split("scripts/gpu_accept.py", 1)[1].replace("$OUT", "/tmp/x").split())
+        assert 0 < args.budget and args.budget + 60 + 30 < 600   # its timeout, setup and pack within 10 min
