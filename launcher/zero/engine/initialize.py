@@ -70,15 +70,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     params = list(model_parameters) if model_parameters is not None else list(model.parameters())
     # full sizes: a model built under zero.Init is partitioned already (ds_numel), others are before stage 3 runs
     param_count = sum(int(getattr(p, "ds_numel", p.numel())) for p in model.parameters())
-    if experts and optimizer is None:   # DeepSpeed splits the expert params into their own groups
-        params = configure_moe_param_groups(params)
-    optimizer = _build_optimizer(optimizer, params, cfg, dist_context)
-    check_param_groups(experts, optimizer.param_groups)
-    check_zero_support(optimizer, cfg.zero_stage, cfg.zero_allow_untested_optimizer)
-    handles_comm = bool(getattr(optimizer, "handles_gradient_communication", False))
-    if handles_comm and cfg.zero_stage != 0:
-        raise ConfigError(f"optimizer {type(optimizer).__name__} does its own gradient communication and needs "
-                          f"zero_optimization.stage 0 (got {cfg.zero_stage})", hint="set zero_optimization.stage to 0")
+    optimizer, handles_comm = _client_optimizer(optimizer, params, experts, cfg, dist_context)
     context = StrategyContext(config=cfg, dist_context=dist_context, precision=precision,
                               reduce_gradients=not handles_comm, expert_data_contexts=experts.contexts)
     strategy = _strategy_class(cfg, mpu, model)(context)
@@ -95,6 +87,21 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     engine.experts = experts
     _ready_and_compiled(engine, monitor, param_count)
     return engine, engine.optimizer, dataloader, scheduler
+
+
+def _client_optimizer(optimizer, params, experts, cfg, dist_context: DistContext):
+    """The client optimizer (given, from a callable, or from the config's section), checked for
+    the stage; and whether it does its own gradient communication (1-bit Adam: stage 0 only)."""
+    if experts and optimizer is None:   # DeepSpeed splits the expert params into their own groups
+        params = configure_moe_param_groups(params)
+    optimizer = _build_optimizer(optimizer, params, cfg, dist_context)
+    check_param_groups(experts, optimizer.param_groups)
+    check_zero_support(optimizer, cfg.zero_stage, cfg.zero_allow_untested_optimizer)
+    handles_comm = bool(getattr(optimizer, "handles_gradient_communication", False))
+    if handles_comm and cfg.zero_stage != 0:
+        raise ConfigError(f"optimizer {type(optimizer).__name__} does its own gradient communication and needs "
+                          f"zero_optimization.stage 0 (got {cfg.zero_stage})", hint="set zero_optimization.stage to 0")
+    return optimizer, handles_comm
 
 
 def _strategy_class(cfg, mpu, model) -> type:
