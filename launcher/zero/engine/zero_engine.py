@@ -28,6 +28,7 @@ from launcher.zero.engine.precision import PrecisionPolicy, skips_non_finite
 from launcher.zero.engine.reporting import Progress, StepFacts
 from launcher.zero.engine.watch import StepWatch
 from launcher.zero.errors import ConfigError, NotSupportedError
+from launcher.zero.optim.step_factor import factor_in_kernel, fuses_grad_factor
 from launcher.zero.stages.base import DeviceNorm, ZeroStrategy, grad_factor
 
 
@@ -221,11 +222,7 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
             strategy.zero_grad()
         else:
             # DeepSpeed fuses unscaling and clipping: grads /= scale * max(1, (norm + 1e-6) / clip)
-            strategy.scale_master_grads(grad_factor(norm, scale, self.zero_config.gradient_clipping))
-            if not strategy.step_in_background(self.optimizer):   # overlap_step runs these three itself
-                self.optimizer.step()
-                strategy.after_optimizer_step()   # masters -> model parameters (all-gathered when partitioned)
-                strategy.zero_grad()
+            self._update(grad_factor(norm, scale, self.zero_config.gradient_clipping))
             if self.loss_scaler is not None:
                 self.loss_scaler.update(False)
             if self.lr_scheduler is not None:
@@ -234,6 +231,23 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
             self._step_applied = True
         self.global_steps += 1
         self.global_samples += self.train_batch_size()
+
+    def _update(self, factor: float | torch.Tensor) -> None:
+        """Multiply the master grads by the step's ``factor``, step the optimizer, and bring the
+        masters to the model. torch's fused Adam/AdamW applies the factor as its kernel reads
+        each gradient (optim/step_factor.py says when); any other optimizer gets the master
+        grads multiplied in a pass of their own first."""
+        strategy = self.strategy
+        if fuses_grad_factor(self.optimizer, strategy.masters_on_device):
+            with factor_in_kernel(self.optimizer, factor, self.dist_context.device):
+                self.optimizer.step()
+        else:
+            strategy.scale_master_grads(factor)
+            if strategy.step_in_background(self.optimizer):   # overlap_step runs the rest itself
+                return
+            self.optimizer.step()
+        strategy.after_optimizer_step()   # masters -> model parameters (all-gathered when partitioned)
+        strategy.zero_grad()
 
     @property
     def _skips_non_finite(self) -> bool:

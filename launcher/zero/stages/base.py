@@ -16,6 +16,8 @@ the methods below, always in this order:
         then either (overflow)  zero_grad()
         or          scale_master_grads(1 / combined_scale); optimizer.step();
                     after_optimizer_step(); zero_grad()
+                    (torch's fused Adam/AdamW over device masters takes the factor into its
+                    kernel instead of scale_master_grads: optim/step_factor.py)
     a background step (offload_optimizer.overlap_step): step_in_background(optimizer) starts
         optimizer.step(), after_optimizer_step() and zero_grad() in a thread; wait_for_step()
         blocks on it before anything reads parameters or optimizer state
