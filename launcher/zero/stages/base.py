@@ -276,7 +276,7 @@ def square_sum(tensor: torch.Tensor) -> torch.Tensor:
     visibly different model within steps, so the norm must stay that close to DeepSpeed's). One
     code path for the CPU and the GPU. A norm past 1.8e19 overflows float32 squares to inf, as
     torch's clip_grad_norm_ does: such a step counts as an overflow."""
-    flat = tensor.detach().reshape(-1)
+    flat = tensor.detach().contiguous().view(-1)   # rows are views: no copy of a contiguous gradient
     accumulate = torch.float32 if flat.element_size() < 4 else None   # 16-bit squares would overflow
     whole = flat.numel() - flat.numel() % NORM_ROW
     rows = torch.linalg.vector_norm(flat[:whole].view(-1, NORM_ROW), dim=1, dtype=accumulate)
