@@ -30,6 +30,7 @@ from launcher.zero.engine.reporting import Progress, StepFacts
 from launcher.zero.engine.watch import StepWatch
 from launcher.zero.engine.zero_optimizer import EngineOptimizer, UpdateRecord, handed_out_optimizer, second_step
 from launcher.zero.errors import ConfigError, NotSupportedError
+from launcher.zero.optim.step_factor import factor_in_kernel, fuses_grad_factor
 from launcher.zero.stages.base import DeviceNorm, ZeroStrategy, grad_factor
 
 
@@ -245,11 +246,7 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
             strategy.zero_grad()
             return False
         # DeepSpeed fuses unscaling and clipping: grads /= scale * max(1, (norm + 1e-6) / clip)
-        strategy.scale_master_grads(grad_factor(norm, scale, self.zero_config.gradient_clipping))
-        if not strategy.step_in_background(self.basic_optimizer):   # overlap_step runs these three itself
-            self.basic_optimizer.step()
-            strategy.after_optimizer_step()   # masters -> model parameters (all-gathered when partitioned)
-            strategy.zero_grad()
+        self._unscale_clip_and_step(grad_factor(norm, scale, self.zero_config.gradient_clipping))
         if self.loss_scaler is not None:
             self.loss_scaler.update(False)
         self._global_grad_norm = norm
@@ -262,6 +259,24 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         self.strategy.prepare_master_grads()
         self.basic_optimizer.step()
         self.strategy.after_optimizer_step()
+
+    def _unscale_clip_and_step(self, factor: float | torch.Tensor) -> None:
+        """Multiply the master grads by the step's ``factor``, step the optimizer, and bring the
+        masters to the model. torch's fused Adam/AdamW applies the factor as its kernel reads
+        each gradient (optim/step_factor.py says when); any other optimizer gets the master
+        grads multiplied in a pass of their own first."""
+        strategy = self.strategy
+        optimizer = self.basic_optimizer
+        if fuses_grad_factor(optimizer, strategy.masters_on_device):
+            with factor_in_kernel(optimizer, factor, self.dist_context.device):
+                optimizer.step()
+        else:
+            strategy.scale_master_grads(factor)
+            if strategy.step_in_background(optimizer):   # overlap_step runs the rest itself
+                return
+            optimizer.step()
+        strategy.after_optimizer_step()   # masters -> model parameters (all-gathered when partitioned)
+        strategy.zero_grad()
 
     @property
     def _skips_non_finite(self) -> bool:

@@ -1,6 +1,6 @@
 """Stage 3's global gradient norm, as a square-sum tensor on the device (no host sync).
 
-Each group's flat gradient (``strategy.step_grads()``) is measured once in float32; a persistent parameter (whole on every
+Each group's flat gradient (``strategy.step_grads()``) is measured once (stages/base.py ``square_sum``); a persistent parameter (whole on every
 rank) is counted on rank 0 alone. With offload and one contribution per shard, the partitioned
 squares were already summed on the device as the shards were copied out (stage3/strategy.py).
 An inf or NaN anywhere makes the sum non-finite, which is the overflow flag.
@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+from launcher.zero.stages.base import square_sum as tensor_square_sum
 
 
 def square_sum(strategy) -> torch.Tensor:
@@ -25,7 +27,7 @@ def square_sum(strategy) -> torch.Tensor:
         if grad is None or grad.numel() == 0:
             continue
         grad = grad.detach()
-        total = total + torch.linalg.vector_norm(grad, dtype=torch.float32).double().square()
+        total = total + tensor_square_sum(grad)
         if ctx.dist_context.rank != 0:   # rank 0 alone accounts for the parameters every rank holds whole
             total = total - pieces_square_sum([grad[s.offset:s.offset + s.length] for s in slots if s.persistent],
                                               total.device)

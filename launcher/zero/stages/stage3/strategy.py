@@ -28,7 +28,7 @@ from launcher.zero.stages.stage3.square_sum import square_sum
 from launcher.zero.stages.stage3.state import Stage3State
 from launcher.zero.stages.host_memory import host_zeros
 from launcher.zero.stages.placement import copy_in_pieces
-from launcher.zero.stages.base import ZeroStrategy
+from launcher.zero.stages.base import ZeroStrategy, square_sum as tensor_square_sum
 
 
 def stage3_options(zero) -> Stage3Options:
@@ -308,7 +308,7 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
                 target.add_(out)
             elif key not in self._touched:
                 # the first contribution this step: measured here, on the device, for the norm
-                self._device_squares = self._device_squares + torch.linalg.vector_norm(out.float()).square()
+                self._device_squares = self._device_squares + tensor_square_sum(out)
                 self._copy_to_host(target, out)
             else:
                 self._norm_on_device = False            # accumulated on the host: measure it there
