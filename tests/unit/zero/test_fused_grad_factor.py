@@ -67,14 +67,14 @@ def test_the_factor_in_the_kernel_trains_like_the_separate_pass(stage, precision
     expected_losses, expected_norms, expected_weights = train(build(stage, precision, OwnStepAdamW))
     torch.distributed.destroy_process_group()
     engine = build(stage, precision)
-    assert fuses_grad_factor(engine.optimizer, engine.strategy.masters_on_device)
+    assert fuses_grad_factor(engine.basic_optimizer, engine.strategy.masters_on_device)
     losses, norms, weights = train(engine)
     assert min(expected_norms) > 10 * CLIP                      # clipping was active at every step
     assert losses == pytest.approx(expected_losses, rel=1e-6, abs=1e-7)
     assert norms == pytest.approx(expected_norms, rel=1e-6)
     for got, expected in zip(weights, expected_weights):
         torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-7)
-    assert not hasattr(engine.optimizer, "grad_scale")          # a later step by the user is not scaled
+    assert not hasattr(engine.basic_optimizer, "grad_scale")          # a later step by the user is not scaled
 
 
 class InPlaceMultiplies(TorchDispatchMode):
@@ -110,14 +110,14 @@ def test_an_fp16_overflow_still_skips_the_step():
     engine = build(2, "fp16")
     train(engine, steps=1)
     before = [m.detach().clone() for m in engine.strategy.master_tensors()]
-    steps_before = [s["step"].clone() for s in engine.optimizer.state.values()]
+    steps_before = [s["step"].clone() for s in engine.basic_optimizer.state.values()]
     x = torch.randn(8, 16).half()
     engine.backward(engine(x).float().pow(2).mean() * float("inf"))
     engine.step()
     assert engine.skipped_steps == 1 and not engine.was_step_applied()
     for got, expected in zip(engine.strategy.master_tensors(), before):
         assert torch.equal(got, expected)
-    assert [s["step"] for s in engine.optimizer.state.values()] == steps_before
+    assert [s["step"] for s in engine.basic_optimizer.state.values()] == steps_before
 
 
 def parameters():
