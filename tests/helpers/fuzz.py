@@ -44,6 +44,6 @@ def record(prop: str, error: BaseException | None = None, message: str | None = 
 def first_words(message: str, count: int = 4) -> str:
     """The message without what the input put in it (paths, line numbers, quoted values), first words only."""
     text = re.sub(r"'.*'|\".*\"", "Q", message, flags=re.DOTALL)   # quoted input, however it nests
-    text = re.sub(r"^\S*:\d*:? ?|\S*/\S*", "", text)      # the path (and :line) that starts a message
+    text = re.sub(r"^[^\s:]+:\d+: |\S*/\S*", "", text)      # the path:line that starts a message, paths
     text = re.sub(r"-?\d+(\.\d+)?(e[+-]?\d+)?", "N", text)
     return " ".join(text.split()[:count])
