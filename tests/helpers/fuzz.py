@@ -41,7 +41,7 @@ def record(prop: str, error: BaseException | None = None, message: str | None = 
         handle.write(json.dumps({"property": prop, "outcome": outcome}) + "\n")
 
 
-def first_words(message: str, count: int = 4) -> str:
+def first_words(message: str, count: int = 3) -> str:
     """The message without what the input put in it (paths, line numbers, quoted values), first words only."""
     text = re.sub(r"'.*'|\".*\"", "Q", message, flags=re.DOTALL)   # quoted input, however it nests
     text = re.sub(r"^[^\s:]+:\d+: |\S*/\S*", "", text)      # the path:line that starts a message, paths
