@@ -27,16 +27,16 @@ def fewer(divisor: int) -> settings:
     return settings(FUZZ, max_examples=max(EXAMPLES // divisor, 20))
 
 
-def record(prop: str, error: BaseException | None = None, message: str | None = None) -> None:
-    """Log one example's outcome: 'ok', or the error class and the first words of its message."""
+def record(prop: str, error: BaseException | None = None, label: str | None = None, message: str = "") -> None:
+    """Log one example's outcome: 'ok', or the error class (or `label`) and the first words of its message."""
     path = os.environ.get("DSLAUNCH_FUZZ_LOG")
     if not path:
         return
-    if error is None and message is None:
+    if error is None and label is None:
         outcome = "ok"
     else:
-        text = message if message is not None else getattr(error, "message", str(error))
-        outcome = f"{type(error).__name__ if error is not None else 'exit'}: {first_words(text)}"
+        text = getattr(error, "message", str(error)) if error is not None else message
+        outcome = f"{label or type(error).__name__}: {first_words(text)}"
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(json.dumps({"property": prop, "outcome": outcome}) + "\n")
 
