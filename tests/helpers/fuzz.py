@@ -43,7 +43,8 @@ def record(prop: str, error: BaseException | None = None, label: str | None = No
 
 def first_words(message: str, count: int = 3) -> str:
     """The message without what the input put in it (paths, line numbers, quoted values), first words only."""
-    text = re.sub(r"'.*'|\".*\"", "Q", message, flags=re.DOTALL)   # quoted input, however it nests
+    text = re.sub(r"^config (dict )?passed to \w+: ", "", message)   # the config loader names a dict's source so
+    text = re.sub(r"'.*'|\".*\"", "Q", text, flags=re.DOTALL)   # quoted input, however it nests
     text = re.sub(r"^[^\s:]+:\d+: |\S*/\S*", "", text)      # the path:line that starts a message, paths
     text = re.sub(r"-?\d+(\.\d+)?(e[+-]?\d+)?", "N", text)
     return " ".join(text.split()[:count])
