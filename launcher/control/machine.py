@@ -46,7 +46,7 @@ def resolve_host(host: str) -> str:
                 if key == "hostname" and value:
                     name = value.strip()
                     break
-        except (OSError, subprocess.SubprocessError):
+        except (OSError, subprocess.SubprocessError, ValueError):   # ValueError: a NUL in the name
             pass
     try:
         ipaddress.ip_address(name)
@@ -56,7 +56,7 @@ def resolve_host(host: str) -> str:
     try:
         for info in socket.getaddrinfo(name, None, family=socket.AF_INET):
             return info[4][0]
-    except socket.gaierror:
+    except (socket.gaierror, UnicodeError, ValueError):   # UnicodeError: 'x..y' or a label over 63 characters
         pass
     return name
 

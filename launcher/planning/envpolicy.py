@@ -12,6 +12,7 @@ import os
 import re
 
 from launcher.errors import EnvFileError
+from launcher.planning.hostfile import LINE_BREAK, show
 
 FORWARD_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "CUDA_", "PYTHON", "OMP_", "MKL_", "HF_",
                     "WANDB_", "UCX_", "FI_", "CONDA_", "MLFLOW_")
@@ -40,8 +41,10 @@ def parse_assignment(text: str, where: str) -> tuple[str, str]:
     key, sep, value = body.partition("=")
     key = key.strip()
     if not sep or not _KEY_RE.match(key):
-        raise EnvFileError(f"{where}: expected KEY=VALUE, got '{text}'",
+        raise EnvFileError(f"{where}: expected KEY=VALUE, got '{show(text)}'",
                            hint="one assignment per line, e.g. NCCL_DEBUG=INFO")
+    if "\x00" in value:   # no process environment can hold it: Popen(env=...) would fail at launch
+        raise EnvFileError(f"{where}: the value of {key} holds a NUL character", hint="remove it")
     if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
         value = value[1:-1]
     return key, value
@@ -50,7 +53,7 @@ def parse_assignment(text: str, where: str) -> tuple[str, str]:
 def parse_env_file(text: str, path: str) -> dict[str, str]:
     """Env-file text -> mapping; `#` comments and blank lines are skipped."""
     result = {}
-    for number, raw in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(LINE_BREAK.split(text), start=1):   # an editor's lines
         line = raw.strip()
         if not line or line.startswith("#"):
             continue

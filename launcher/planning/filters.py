@@ -8,6 +8,7 @@ left with no slots is dropped.
 from __future__ import annotations
 
 from launcher.errors import FilterError
+from launcher.planning.hostfile import show, whole_number
 
 Resources = dict[str, list[int]]  # host name -> slot ids, in node order
 
@@ -18,19 +19,20 @@ def parse_node_specs(spec: str, option: str) -> dict[str, list[int] | None]:
     for part in spec.split("@"):
         part = part.strip()
         if not part:
-            raise FilterError(f"{option} '{spec}': empty node spec", hint="join specs with '@': 'w0:0,1@w1'")
+            raise FilterError(f"{option} '{show(spec)}': empty node spec", hint="join specs with '@': 'w0:0,1@w1'")
         name, sep, slot_text = part.partition(":")
         if not name or ":" in slot_text:
-            raise FilterError(f"{option} '{spec}': bad node spec '{part}'", hint="write HOST or HOST:0,2")
+            raise FilterError(f"{option} '{show(spec)}': bad node spec '{show(part)}'", hint="write HOST or HOST:0,2")
         if not sep:
             result[name] = None
             continue
         slots = []
         for item in slot_text.split(","):
-            if not item.strip().isdigit():
-                raise FilterError(f"{option} '{spec}': slot '{item}' of host '{name}' is not a whole number",
-                                  hint="slots are GPU ids: HOST:0,1,2")
-            slots.append(int(item))
+            slot = whole_number(item.strip())
+            if slot is None:
+                raise FilterError(f"{option} '{show(spec)}': slot '{show(item)}' of host '{show(name)}' is not a "
+                                  "whole number", hint="slots are GPU ids: HOST:0,1,2")
+            slots.append(slot)
         previous = result.get(name, [])
         if name in result and previous is None:
             continue  # the whole host was already asked for
@@ -50,8 +52,8 @@ def apply_include_exclude(pool: Resources, include: str | None, exclude: str | N
     for name, slots in specs.items():
         if name not in pool:
             if from_hostfile:
-                raise FilterError(f"{option}: host '{name}' is not in the hostfile", hint="hosts: " + ", ".join(pool))
-            raise FilterError(f"{option}: host '{name}' is unknown: without a hostfile only this machine "
+                raise FilterError(f"{option}: host '{show(name)}' is not in the hostfile", hint="hosts: " + ", ".join(pool))
+            raise FilterError(f"{option}: host '{show(name)}' is unknown: without a hostfile only this machine "
                               f"({', '.join(pool)}) is used", hint="name the hosts in a hostfile and pass -H HOSTFILE")
         for slot in slots or []:
             if slot not in pool[name]:

@@ -18,9 +18,18 @@ from dataclasses import dataclass
 from launcher.errors import HostfileError
 
 DEFAULT_HOSTFILE = "/job/hostfile"
+# more ranks than any node has GPUs or sane CPU ranks; a typo past it would build a plan that long
+MAX_SLOTS = 1024
 
 _HOST_RE = re.compile(r"^(?:(?P<user>[^@\s:]+)@)?(?P<name>[^@\s:]+)(?::(?P<port>[^@\s:]*))?$")
 _SLOTS_RE = re.compile(r"^slots=(?P<value>\S*)$")
+# what ssh, pdsh's -w list and a shell word take as one host or user: no option dash, comma,
+# bracket range, quote or control character
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_DIGITS_RE = re.compile(r"^[0-9]+$")
+# the breaks an editor shows, so that 'line N' is the editor's line N (str.splitlines also breaks
+# at U+2028, form feed and others, which an editor shows inside a line)
+LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
 @dataclass(frozen=True)
@@ -43,7 +52,7 @@ def parse_hostfile(text: str, path: str = "<hostfile>") -> list[Host]:
     """Parse hostfile text; every problem names `path:line`."""
     hosts: list[Host] = []
     first_line: dict[str, int] = {}
-    for number, raw in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(LINE_BREAK.split(text), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
@@ -77,28 +86,49 @@ def _parse_line(line: str, path: str, number: int) -> Host:
     where = f"{path}:{number}"
     tokens = line.split("#", 1)[0].split()
     if len(tokens) < 2:
-        raise HostfileError(f"{where}: bad line '{line}': expected 'HOST slots=N'",
+        raise HostfileError(f"{where}: bad line '{show(line)}': expected 'HOST slots=N'",
                             hint="e.g. 'worker-0 slots=8'")
     match = _HOST_RE.match(tokens[0])
     if not match:
-        raise HostfileError(f"{where}: bad host '{tokens[0]}'",
+        raise HostfileError(f"{where}: bad host '{show(tokens[0])}'",
                             hint="a host is NAME, USER@NAME or NAME:PORT")
     slots_match = _SLOTS_RE.match(tokens[1])
     if not slots_match:
-        raise HostfileError(f"{where}: bad line '{line}': expected 'slots=N' after the host, got '{tokens[1]}'",
+        raise HostfileError(f"{where}: bad line '{show(line)}': expected 'slots=N' after the host, got '{show(tokens[1])}'",
                             hint=_slots_hint(tokens[1:]))
     value = slots_match.group("value")
-    if not value.isdigit() or int(value) < 1:
-        raise HostfileError(f"{where}: slots must be a whole number >= 1, got '{value}'",
+    slots = whole_number(value)
+    if slots is None or slots < 1:
+        raise HostfileError(f"{where}: slots must be a whole number >= 1, got '{show(value)}'",
+                            hint="slots is the number of GPUs (or CPU ranks) on that host")
+    if slots > MAX_SLOTS:
+        raise HostfileError(f"{where}: slots={value} is more than {MAX_SLOTS}",
                             hint="slots is the number of GPUs (or CPU ranks) on that host")
     if len(tokens) > 2:
-        raise HostfileError(f"{where}: unexpected text after slots: '{' '.join(tokens[2:])}'",
+        raise HostfileError(f"{where}: unexpected text after slots: '{show(' '.join(tokens[2:]))}'",
                             hint="only 'HOST slots=N' is allowed; put remarks after '#'")
+    name, user = match.group("name"), match.group("user")
+    for what, text in (("host name", name), ("user", user)):
+        if text is not None and not _NAME_RE.match(text):
+            raise HostfileError(f"{where}: bad {what} '{show(text)}' in '{show(tokens[0])}'",
+                                hint="use letters, digits, '-', '.' and '_', not starting with '-' or '.'")
     port = match.group("port")
-    if port is not None and (not port.isdigit() or not 0 < int(port) < 65536):
-        raise HostfileError(f"{where}: bad port '{port}' in '{tokens[0]}'", hint="use NAME:PORT with 1-65535")
-    return Host(name=match.group("name"), slots=int(value), user=match.group("user"),
-                port=int(port) if port else None, line=number)
+    port_number = whole_number(port) if port is not None else None
+    if port is not None and (port_number is None or not 0 < port_number < 65536):
+        raise HostfileError(f"{where}: bad port '{show(port)}' in '{show(tokens[0])}'", hint="use NAME:PORT with 1-65535")
+    return Host(name=name, slots=slots, user=user, port=port_number or None, line=number)
+
+
+def whole_number(text: str) -> int | None:
+    """ASCII digits as an int, else None: int() alone takes '٣' and fails on '²' or on 5000 digits."""
+    if not _DIGITS_RE.match(text):
+        return None
+    return int(text) if len(text.lstrip("0")) <= 18 else 10 ** 18
+
+
+def show(text: str) -> str:
+    """Text from the user as a message quotes it: control characters escaped, not sent to the terminal."""
+    return text if text.isprintable() else repr(text)[1:-1]
 
 
 def load_hostfile(path: str | None) -> tuple[list[Host] | None, str | None]:

@@ -6,6 +6,7 @@ planner is table-testable and `--dry-run` shows exactly what a launch would do.
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -13,7 +14,7 @@ from launcher.errors import FilterError, UsageError
 from launcher.output_modes import MODES as OUTPUT_MODES
 from launcher.planning import envpolicy
 from launcher.planning.filters import apply_counts, apply_include_exclude
-from launcher.planning.hostfile import Host
+from launcher.planning.hostfile import MAX_SLOTS, Host
 
 LAUNCHERS = ("local", "ssh", "pdsh", "openmpi", "slurm")
 DEFAULT_MASTER_PORT = 29500
@@ -179,6 +180,13 @@ def _check_options(options: LaunchOptions) -> None:
     if options.stall_timeout is not None and options.stall_timeout <= 0:
         raise UsageError(f"--stall_timeout must be > 0 (got {options.stall_timeout:g})",
                          hint="leave it out to turn the stall watch off")
+    if options.ssh_port is not None and not 0 < options.ssh_port < 65536:
+        raise UsageError(f"--ssh_port {options.ssh_port} is not a port", hint="use 1-65535")
+    try:
+        shlex.split(options.launcher_args)   # what pdsh, openmpi and slurm do with it
+    except ValueError as error:
+        raise UsageError(f"--launcher_args '{options.launcher_args}': {error}",
+                         hint="quote it as a shell would: --launcher_args \"-x 'a b'\"") from None
     if options.output not in OUTPUT_MODES:
         raise UsageError(f"unknown --output mode '{options.output}'", hint="choose one of: " + ", ".join(OUTPUT_MODES))
 
@@ -188,6 +196,9 @@ def _local_hosts(options: LaunchOptions, machine: Machine) -> tuple[list[Host], 
     if machine.gpu_ids:
         return [Host("localhost", len(machine.gpu_ids))], []
     count = options.num_gpus or 1
+    if count > MAX_SLOTS:
+        raise FilterError(f"--num_gpus {count}: more than {MAX_SLOTS} CPU ranks on this machine",
+                          hint="this machine has no GPU; ask for as many CPU ranks as it has cores")
     note = f"no GPU found: starting {count} CPU rank(s), which talk over gloo"
     return [Host("localhost", count)], [note]
 

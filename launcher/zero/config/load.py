@@ -21,6 +21,7 @@ from launcher.zero.errors import ConfigError, NotSupportedError
 
 __all__ = ["load_config", "resolve_batch", "ZeroConfig", "ConfigError"]
 
+_FLOAT_MAX = 1.7976931348623157e308
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 
 
@@ -63,8 +64,11 @@ def _read_source(source: Any) -> dict:
         path = os.fspath(source)
         if not os.path.isfile(path):
             raise ConfigError(f"config file not found: {path}", hint="pass the path of a JSON or YAML file")
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
+        try:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+        except (OSError, UnicodeDecodeError) as error:
+            raise ConfigError(f"cannot read config file {path}: {error}", hint="save it as UTF-8 JSON or YAML") from None
         data = _parse_text(text, path)
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the config must be a mapping of keys, got {type(data).__name__}",
@@ -82,11 +86,15 @@ def _parse_text(text: str, path: str) -> Any:
             return yaml.safe_load(text)
         except yaml.YAMLError as error:
             raise ConfigError(f"{path}: not valid YAML: {error}", hint="check indentation and quoting") from None
+        except (RecursionError, ValueError) as error:   # nested past Python's stack; an int of 5000 digits
+            raise ConfigError(f"{path}: not a usable YAML config: {error}", hint=None) from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
         raise ConfigError(f"{path}:{error.lineno}: not valid JSON: {error.msg}",
                           hint="JSON needs double quotes and no trailing commas") from None
+    except (RecursionError, ValueError) as error:   # nested past Python's stack; an int of 5000 digits
+        raise ConfigError(f"{path}: not a usable JSON config: {error}", hint=None) from None
 
 
 # ---- the generic, metadata-driven builder -----------------------------------------------------
@@ -169,8 +177,10 @@ def _convert(value: Any, meta: Mapping, key: str) -> Any:
 def _number(value: Any, kind: str, key: str) -> int | float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{key}: expected a number, got {_show(value)}", hint=None)
-    if not math.isfinite(value):
+    if isinstance(value, float) and not math.isfinite(value):   # math.isfinite(10**400) raises OverflowError
         raise ConfigError(f"{key}: must be a finite number, got {value}", hint=None)
+    if kind == "float" and abs(value) > _FLOAT_MAX:
+        raise ConfigError(f"{key}: the number is too large for a float", hint=None)
     if kind == "int":
         if isinstance(value, float) and not value.is_integer():
             raise ConfigError(f"{key}: expected a whole number, got {value}", hint=f"{key}: {int(value)}")
@@ -192,7 +202,7 @@ def _named(value: Any, key: str) -> NamedConfig:
         raise ConfigError(f"{key}: expected {{\"type\": ..., \"params\": {{...}}}}, got {_show(value)}", hint=None)
     extra = set(value) - {"type", "params"}
     if extra:
-        bad = sorted(extra)[0]
+        bad = str(sorted(extra, key=str)[0])   # YAML keys may be ints, dates, None
         close = difflib.get_close_matches(bad, ["type", "params"], n=1)
         hint = f"did you mean '{key}.{close[0]}'?" if close else f"put constructor arguments under '{key}.params'"
         raise ConfigError(f"unknown config key '{key}.{bad}'", hint=hint)
