@@ -170,7 +170,7 @@ def main_worker(args) -> int:
         "status": "ok",
         "step_ms_median": round(median, 3), "step_ms_min": round(min(times_ms), 3),
         "step_ms_max": round(max(times_ms), 3),
-        "tokens_per_s": round(tokens / median * 1e3, 1),
+        "tokens_per_s": round_figure(tokens / median * 1e3, 1),
         "tflops": round_figure(built.flops_per_token * tokens / median / 1e9, 4),
         "peak_mem_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if cuda else None,
         "peak_reserved_gib": (round(torch.cuda.max_memory_reserved(device) / 2**30, 3)
