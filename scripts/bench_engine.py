@@ -187,11 +187,18 @@ def format_table(results: list[dict]) -> str:
         mem = r.get("peak_mem_gib")
         rows.append(
             f"{r['variant']:<{w}}{'ok':<12}{r['step_ms_median']:>10.2f}{r['step_ms_min']:>9.2f}"
-            f"{r['tokens_per_s']:>10.0f}{r['tflops']:>9.1f}"
+            f"{r['tokens_per_s']:>10.0f}{format_tflops(r['tflops']):>9}"
             f"{('-' if mem is None else f'{mem:.2f}'):>9}"
             f"{r.get('ratio_vs_plain', float('nan')):>7.3f}{r.get('mem_vs_plain', float('nan')):>6.2f}"
             f"  {target}")
     return "\n".join(rows)
+
+
+def format_tflops(value: float | None) -> str:
+    """One decimal (a GPU's hundreds); three significant digits below 1 (a CPU's 0.004, not 0.0)."""
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if value == 0 or abs(value) >= 1 else f"{value:.3g}"
 
 
 # ---------------------------------------------------------------- parent: processes
@@ -242,10 +249,12 @@ def measure_peak(args, argv: list[str]) -> float | None:
     if args.peak_size <= 0:
         return None
     record = run_variant("matmul_peak", "matmul_peak", argv, args)
-    print(f"[bench] matmul_peak: {record['status']} {record.get('tflops', '')} TFLOP/s "
-          f"(bf16 {args.peak_size}^3)", file=sys.stderr, flush=True)
+    tflops = record.get("tflops") if record["status"] == "ok" else None
+    figure = f"{format_tflops(tflops)} TFLOP/s" if tflops is not None else "not measured (no MFU)"
+    print(f"[bench] matmul_peak: {record['status']} {figure} (bf16 {args.peak_size}^3)",
+          file=sys.stderr, flush=True)
     print(json.dumps(record), flush=True)
-    return record.get("tflops") if record["status"] == "ok" else None
+    return tflops
 
 
 def main_parent(args, argv: list[str]) -> int:
@@ -290,7 +299,7 @@ def main_parent(args, argv: list[str]) -> int:
             print(json.dumps({"summary": True, **row}), flush=True)
             print(f"[median of {row['runs_ok']}] {row['variant']:<{w}} {row['tokens_per_s_median']:>10.0f} tok/s "
                   f"(spread {row['spread']:.1%}) ratio {row.get('ratio_vs_plain', float('nan')):.3f}"
-                  + (f" MFU {row['mfu']:.1%}" if "mfu" in row else "")
+                  + (f" {report.format_mfu(row['mfu'])}" if "mfu" in row else "")
                   + (f" vs plain_compile {row['ratio_vs_plain_compile']:.3f}" if "ratio_vs_plain_compile" in row else "")
                   + (f" target >={row['target_ratio']} {'met' if row['meets_target'] else 'MISSED'}"
                      if "target_ratio" in row else ""), file=sys.stderr)

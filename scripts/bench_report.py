@@ -10,16 +10,45 @@ def base_name(label: str) -> str:
     return label.split("#")[0]
 
 
+def round_figure(value: float | None, decimals: int, significant: int = 3) -> float | None:
+    """``round(value, decimals)``, with more decimals where that would keep fewer than
+    ``significant`` digits: a CPU's 0.004 TFLOP/s stays 0.004, not a misleading 0.0. A GPU's
+    figures (hundreds of TFLOP/s, MFU in tenths) round exactly as ``round(value, decimals)``."""
+    if value is None or value == 0 or not math.isfinite(value):
+        return value
+    return round(value, max(decimals, significant - 1 - math.floor(math.log10(abs(value)))))
+
+
+def measured(value) -> bool:
+    """A positive finite figure: what a rate can be divided by."""
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def mfu(tflops: float | None, peak_tflops: float | None, decimals: int = 6) -> float | None:
+    """Model TFLOP/s over the measured matrix-product peak; None (not measured) without a
+    positive peak or without the model's figure."""
+    if not measured(peak_tflops) or tflops is None or not math.isfinite(tflops):
+        return None
+    return round_figure(tflops / peak_tflops, decimals)
+
+
+def format_mfu(value: float | None) -> str:
+    """``MFU 41.3%``; three significant digits below 0.1% (a CPU), never a misleading 0.0%."""
+    if value is None:
+        return "MFU not measured"
+    return f"MFU {value:.1%}" if value == 0 or value >= 1e-3 else f"MFU {100 * value:.3g}%"
+
+
 def add_mfu(results: list[dict], peak_tflops: float | None) -> list[dict]:
-    """Each ok result with ``mfu``: its model TFLOP/s over the measured matrix-product peak, and
-    a compiled variant's ``ratio_vs_plain_compile`` (tokens/s over the first plain_compile run)."""
+    """Each ok result with ``mfu``: its model TFLOP/s over the measured matrix-product peak (None
+    where the peak was not measured), and a compiled variant's ``ratio_vs_plain_compile``
+    (tokens/s over the first plain_compile run)."""
     base = next((r for r in results if r["variant"] == "plain_compile" and r["status"] == "ok"), None)
     out = []
     for r in results:
         r = dict(r)
         if r["status"] == "ok":
-            if peak_tflops:
-                r["mfu"] = round(r["tflops"] / peak_tflops, 6)
+            r["mfu"] = mfu(r.get("tflops"), peak_tflops)
             if base is not None and "compile" in r["variant"]:
                 r["ratio_vs_plain_compile"] = round(r["tokens_per_s"] / base["tokens_per_s"], 4)
         out.append(r)
@@ -69,7 +98,7 @@ def format_details(results: list[dict]) -> str:
             continue
         parts = []
         if "mfu" in r:
-            parts.append(f"MFU {r['mfu']:.1%}")
+            parts.append(format_mfu(r["mfu"]))
         if "ratio_vs_plain_compile" in r:
             parts.append(f"vs plain_compile {r['ratio_vs_plain_compile']:.3f}")
         phases = r.get("phases_ms") or {}
@@ -93,7 +122,8 @@ def format_details(results: list[dict]) -> str:
 
 
 def summary_extras(rows: list[dict], results: list[dict], peak_tflops: float | None) -> list[dict]:
-    """Repeat summaries plus MFU of the median run and the median's ratio to plain_compile's."""
+    """Repeat summaries plus MFU of the median run (None where the peak was not measured) and the
+    median's ratio to plain_compile's."""
     flops_per_token = {}
     for r in results:
         if r["status"] == "ok" and r.get("tokens_per_s"):
@@ -103,8 +133,8 @@ def summary_extras(rows: list[dict], results: list[dict], peak_tflops: float | N
     for row in rows:
         row = dict(row)
         name = row["variant"]
-        if peak_tflops and name in flops_per_token:
-            row["mfu"] = round(row["tokens_per_s_median"] * flops_per_token[name] / 1e12 / peak_tflops, 4)
+        if name in flops_per_token:
+            row["mfu"] = mfu(row["tokens_per_s_median"] * flops_per_token[name] / 1e12, peak_tflops, 4)
         if "compile" in name and medians.get("plain_compile"):
             row["ratio_vs_plain_compile"] = round(row["tokens_per_s_median"] / medians["plain_compile"], 4)
         out.append(row)

@@ -44,8 +44,11 @@ def matmul_peak(size: int, device, repeats: int = 10) -> dict:
             seconds = time.perf_counter() - started
         if i >= 3:
             times.append(seconds)
-    return {"variant": "matmul_peak", "status": "ok", "size": size,
-            "tflops": round(2 * size**3 / statistics.median(times) / 1e12, 2)}
+    from bench_report import round_figure
+
+    seconds = statistics.median(times)   # None when the clock saw no time pass: not a rate of 0
+    tflops = round_figure(2 * size**3 / seconds / 1e12, 2) if seconds > 0 else None
+    return {"variant": "matmul_peak", "status": "ok", "size": size, "tflops": tflops}
 
 
 def rss_bytes() -> int:
@@ -106,6 +109,7 @@ def main_worker(args) -> int:
         print(json.dumps(matmul_peak(args.peak_size, device)), flush=True)
         return 0
     import bench_models
+    from bench_report import round_figure
     from bench_variants import VARIANTS, Settings, Unavailable
 
     name = args.worker
@@ -166,8 +170,8 @@ def main_worker(args) -> int:
         "status": "ok",
         "step_ms_median": round(median, 3), "step_ms_min": round(min(times_ms), 3),
         "step_ms_max": round(max(times_ms), 3),
-        "tokens_per_s": round(tokens / median * 1e3, 1),
-        "tflops": round(built.flops_per_token * tokens / median / 1e9, 4),
+        "tokens_per_s": round_figure(tokens / median * 1e3, 1),
+        "tflops": round_figure(built.flops_per_token * tokens / median / 1e9, 4),
         "peak_mem_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3) if cuda else None,
         "peak_reserved_gib": (round(torch.cuda.max_memory_reserved(device) / 2**30, 3)
                               if cuda else None),
