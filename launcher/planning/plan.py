@@ -5,6 +5,7 @@ planner is table-testable and `--dry-run` shows exactly what a launch would do.
 """
 from __future__ import annotations
 
+import math
 import os
 import shlex
 from dataclasses import dataclass, field
@@ -175,10 +176,12 @@ def _check_options(options: LaunchOptions) -> None:
         raise UsageError(f"unknown launcher '{options.launcher}'", hint="choose one of: " + ", ".join(LAUNCHERS))
     if not 0 <= options.master_port < 65536:
         raise UsageError(f"--master_port {options.master_port} is not a port", hint="use 1-65535, or 0 for a free one")
-    if options.heartbeat_timeout <= 0:
-        raise UsageError("--heartbeat_timeout must be > 0")
-    if options.stall_timeout is not None and options.stall_timeout <= 0:
-        raise UsageError(f"--stall_timeout must be > 0 (got {options.stall_timeout:g})",
+    # nan compares false with everything and inf never elapses: both would pass a '<= 0' check
+    if not (math.isfinite(options.heartbeat_timeout) and options.heartbeat_timeout > 0):
+        raise UsageError(f"--heartbeat_timeout must be a number of seconds > 0 (got {options.heartbeat_timeout:g})",
+                         hint="the default is 10")
+    if options.stall_timeout is not None and not (math.isfinite(options.stall_timeout) and options.stall_timeout > 0):
+        raise UsageError(f"--stall_timeout must be a number of seconds > 0 (got {options.stall_timeout:g})",
                          hint="leave it out to turn the stall watch off")
     if options.ssh_port is not None and not 0 < options.ssh_port < 65536:
         raise UsageError(f"--ssh_port {options.ssh_port} is not a port", hint="use 1-65535")

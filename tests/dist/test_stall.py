@@ -36,4 +36,4 @@ def test_a_rank_stuck_in_a_step_is_named_with_its_stack_and_the_job_stops():
 
 def test_without_stall_timeout_nothing_is_watched():
     done = dslaunch("--num_gpus", "2", "--no_local_rank", "--stall_timeout", "0", WORKER, "1")
-    assert done.returncode == 2 and "--stall_timeout must be > 0" in done.stderr
+    assert done.returncode == 2 and "--stall_timeout must be a number of seconds > 0" in done.stderr

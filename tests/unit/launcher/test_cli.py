@@ -66,6 +66,11 @@ def test_dry_run_text(run):
     (["--launcher", "nope", "train.py"], "Invalid value for '--launcher'"),
     (["--no_such_option", "train.py"], "No such option"),
     (["--num_gpus", "x", "train.py"], "is not a valid integer"),
+    # nan passed a '<= 0' check and inf never elapses (found by the fuzz tests' author, issue 42)
+    (["--stall_timeout", "nan", "--dry-run", "train.py"], "--stall_timeout must be a number of seconds > 0"),
+    (["--stall_timeout", "inf", "--dry-run", "train.py"], "--stall_timeout must be a number of seconds > 0"),
+    (["--heartbeat_timeout", "nan", "--dry-run", "train.py"], "--heartbeat_timeout must be a number of seconds > 0"),
+    (["--heartbeat_timeout", "-inf", "--dry-run", "train.py"], "--heartbeat_timeout must be a number of seconds > 0"),
 ])
 def test_bad_input_exits_2_with_a_message(run, args, message):
     result = run(*args)
