@@ -2,8 +2,10 @@
 
 A record is one run of one (model, variant, engine): its per-step losses, timed step ms, peak
 memory. The **bound rule** (``loss_bound``) is the one place that says how far a cell's losses may
-stray: a multiple of how far the same model's plain bf16 run drifts from itself when only the
-micro-batch split changes (plain vs plain_split: the reduction order, nothing else), with a floor.
+stray, from two measurements of the same model in the same run: how far its plain bf16 run drifts
+from itself when only the micro-batch split changes (plain vs plain_split: the reduction order,
+nothing else), and how far bf16 itself is from fp32 (plain vs plain_fp32: bf16's own error). Two
+sound bf16 runs are each about that error from fp32, so they may be up to twice it apart.
 """
 from __future__ import annotations
 
@@ -13,15 +15,25 @@ import statistics
 
 # --- the bound rule (adjust here after a GPU run; docs/development/tests.md, "The GPU tier") ---
 BOUND_FACTOR = 4.0      # x the model's measured bf16 self-drift (plain vs plain_split)
+FP32_FACTOR = 2.0       # x bf16's measured error (plain vs plain_fp32): two bf16 runs, each that far from fp32
 BOUND_FLOOR = 2e-3      # never tighter than this (a self-drift of ~0 says nothing)
 
 
-def loss_bound(self_drift: float | None, recipe_drift: float | None = None) -> float | None:
-    """max(BOUND_FACTOR x drift, BOUND_FLOOR), drift being the model's bf16 self-drift, or, where the
-    reference trains another precision recipe (the Trainer's plain run: fp32 weights under autocast),
-    the larger of that and the recipe's own drift (plain_autocast vs plain). None: nothing measured."""
-    drifts = [d for d in (self_drift, recipe_drift) if d is not None and math.isfinite(d)]
-    return max(BOUND_FACTOR * max(drifts), BOUND_FLOOR) if drifts else None
+def loss_bound(self_drift: float | None, recipe_drift: float | None = None,
+               fp32_drift: float | None = None) -> float | None:
+    """max(BOUND_FACTOR x drift, FP32_FACTOR x fp32_drift, BOUND_FLOOR), drift being the model's bf16
+    self-drift, or, where the reference trains another precision recipe (the Trainer's plain run: fp32
+    weights under autocast), the larger of that and the recipe's own drift (plain_autocast vs plain).
+    ``fp32_drift`` is bf16's own error (plain vs plain_fp32). None: nothing measured."""
+    drifts = [d for d in (self_drift, recipe_drift) if _finite(d)]
+    if not drifts:
+        return None
+    fp32 = FP32_FACTOR * fp32_drift if _finite(fp32_drift) else 0.0
+    return max(BOUND_FACTOR * max(drifts), fp32, BOUND_FLOOR)
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
 
 
 # DeepSpeed comparisons that cannot decide a status, with the reason the table prints
@@ -56,7 +68,7 @@ def self_drift(records: dict, model: str) -> dict:
     out = {"model": model}
     for name in ("plain_split", "plain_autocast", "plain_fp32", "plain_fp16"):
         out[name] = max_gap(_losses(records, model, name, "plain"), base)
-    out["bound"] = loss_bound(out["plain_split"])
+    out["bound"] = loss_bound(out["plain_split"], fp32_drift=out["plain_fp32"])
     return out
 
 
@@ -77,8 +89,8 @@ def judge(records: dict, drifts: dict, model: str, variant: str, engine: str, pe
     plain_name = PLAIN_OF.get(variant, "plain")
     plain = records.get((model, plain_name, "plain"))
     drift = drifts.get(model, {})
-    bound = (loss_bound(drift.get("plain_split"), drift.get("plain_autocast")) if plain_name == "trainer_plain"
-             else drift.get("bound"))
+    bound = (loss_bound(drift.get("plain_split"), drift.get("plain_autocast"), drift.get("plain_fp32"))
+             if plain_name == "trainer_plain" else drift.get("bound"))
     row.update(bound=bound, params=record.get("params"), peak_mem_gib=record.get("peak_mem_gib"),
                engine_mfu=record.get("engine_mfu"), step_ms=record.get("step_ms_median"),
                step1=record["losses"][0] if record["losses"] else None)
@@ -121,8 +133,9 @@ def _fmt(value, spec: str, scale: float = 1.0) -> str:
 
 def markdown(rows: list[dict], drifts: list[dict], header: list[str]) -> str:
     """The run's header lines, the self-drift table (where each model's bound comes from), the cells."""
-    lines = [*header, "", f"Bound rule: bound = max({BOUND_FACTOR:g} x self-drift, {BOUND_FLOOR:g}); self-drift ="
-             " max over steps |plain - plain_split| (bf16 weights, fp32 masters; one batch vs two micro-batches).",
+    lines = [*header, "", f"Bound rule: bound = max({BOUND_FACTOR:g} x self-drift, {FP32_FACTOR:g} x plain_fp32, {BOUND_FLOOR:g});"
+             " self-drift = max over steps |plain - plain_split| (bf16 weights, fp32 masters; one batch vs two"
+             " micro-batches); plain_fp32 = max over steps |plain - plain in fp32| (bf16's own error).",
              "", "| model | plain_split (self-drift) | plain_autocast | plain_fp32 | plain_fp16 | bound |",
              "|---|---|---|---|---|---|"]
     for d in drifts:

@@ -60,6 +60,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--trainer-timeout", type=float, default=150, help="seconds per Trainer run")
     p.add_argument("--budget", type=float, default=0, help="seconds for the run; what has not started by then "
                    "is recorded 'not run' (0: no limit)")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: judge OUTDIR/cells.jsonl of an earlier run again under today's bound rule")
     p.add_argument("--break", dest="broken", default="",
                    help="ENGINE:MODEL:VARIANT[=raise|exit|hang],...: cells made to fail (tests/smoke)")
     return p.parse_args(argv)
@@ -237,7 +239,15 @@ def save_trainer_weights(tiny: bool, seq: int, batch: int) -> tuple[str, float]:
     return folder, flops_per_token(lm, seq) * seq * batch
 
 
-def header(records: dict) -> list[str]:
+def header(records: dict, outdir: str, rejudged: bool) -> list[str]:
+    if rejudged:   # the run's own header (its commit, card, versions) stays: only the verdicts are new
+        try:
+            with open(os.path.join(outdir, "accept.md")) as f:
+                first = [next(f).rstrip("\n") for _ in range(3)]
+        except (OSError, StopIteration):
+            first = ["# scripts/gpu_accept.py (the run's header is lost: accept.md missing)"]
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        return [first[0] + f", judged again {when} (--report-only)", *first[1:]]
     import torch
     import transformers
 
@@ -263,6 +273,12 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     os.makedirs(args.outdir, exist_ok=True)
     run = Run(args)
+    if args.report_only:
+        if not os.path.exists(run.results):
+            print(f"gpu_accept.py: --report-only needs {run.results} from an earlier run", file=sys.stderr)
+            return 2
+        names = [m for m in args.models.split(",") if m]
+        return report(run, names, [v for v in args.variants.split(",") if v], not args.no_trainer and "llama" in names)
     open(run.results, "a").close()
     shape = TINY if args.tiny else FULL
     names = [m for m in args.models.split(",") if m]
@@ -320,7 +336,7 @@ def report(run: Run, names: list[str], variants: list[str], trainer: bool) -> in
         keys += [("llama", "trainer_plain", "plain"), ("llama", "trainer_zero3", "ours"),
                  ("llama", "trainer_zero3", "deepspeed")]
     rows = [table.judge(records, drifts, *key, peak) for key in keys]
-    lines = header(records) + [f"peak {peak} TFLOP/s per card (launcher/zero/flops/peak.py)" if peak else
+    lines = header(records, run.out, run.args.report_only) + [f"peak {peak} TFLOP/s per card (launcher/zero/flops/peak.py)" if peak else
                                "peak unknown here: no MFU column"]
     text = table.markdown(rows, list(drifts.values()), lines)
     with open(os.path.join(run.out, "accept.md"), "w") as f:

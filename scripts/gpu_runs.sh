@@ -71,11 +71,11 @@ trace() {   # trace VARIANT SECONDS: where one offloaded step's time goes
     python3 scripts/trace_summary.py "$out/trace-$variant.json.gz" --top 6 | tee "$out/trace-$variant.summary"
 }
 
-accept() {   # accept BUDGET: scripts/gpu_accept.py, its own budget BUDGET s (+60 s to report), the table to stdout
+accept() {   # accept BUDGET: scripts/gpu_accept.py, its own budget BUDGET s (+40 s to stop a cell and report), the table to stdout
     local budget=$1
     echo "== accept: python3 scripts/gpu_accept.py \$OUT --budget $budget"
     [ "$part" = check ] && return 0
-    timeout $((budget + 60)) python3 scripts/gpu_accept.py "$out" --budget "$budget" >"$out/accept.txt" 2>&1
+    timeout $((budget + 40)) python3 scripts/gpu_accept.py "$out" --budget "$budget" >"$out/accept.txt" 2>&1
     status=$?
     echo "   exit $status"
     # the device tool shows the last 12,000 characters: the table without plain's rows (all of it: accept.md)
@@ -110,7 +110,7 @@ status=0
 setup
 case $part in
   accept|check)
-    accept "${ACCEPT_BUDGET:-500}"   # ACCEPT_BUDGET: less where less device time is left
+    accept "${ACCEPT_BUDGET:-520}"   # ACCEPT_BUDGET: less where less device time is left
     ;;&
   accept-tests|check)
     accept 390

@@ -27,6 +27,17 @@ def test_the_bound_is_a_multiple_of_the_self_drift_with_a_floor():
     assert table.loss_bound(None) is None
 
 
+def test_the_bound_is_at_least_twice_bf16s_own_error_against_fp32():
+    # two sound bf16 runs are each about bf16's error from fp32, so up to twice it apart
+    assert table.loss_bound(0.001, fp32_drift=0.03) == pytest.approx(table.FP32_FACTOR * 0.03)
+    assert table.loss_bound(0.01, fp32_drift=0.001) == pytest.approx(table.BOUND_FACTOR * 0.01)
+    assert table.loss_bound(0.001, fp32_drift=float("nan")) == pytest.approx(table.BOUND_FACTOR * 0.001)
+    assert table.loss_bound(None, fp32_drift=0.03) is None   # no self-drift: nothing to judge by
+    records = {("m", "plain", "plain"): _record([5.0, 4.0]), ("m", "plain_split", "plain"): _record([5.0, 4.001]),
+               ("m", "plain_fp32", "plain"): _record([5.0, 4.02])}
+    assert table.self_drift(records, "m")["bound"] == pytest.approx(table.FP32_FACTOR * 0.02)
+
+
 def _record(losses, ms=10.0, **extra):
     return {"status": "ok", "losses": losses, "step_ms_median": ms, "flops_per_step": 1e12, **extra}
 
@@ -86,3 +97,15 @@ def test_tiny_run_on_cpu_has_every_row_and_shows_broken_cells_red(tmp_path):
     table_text = (tmp_path / "accept.md").read_text()
     assert "Bound rule" in table_text and "| qwen2 | zero3_offload | ours | ok |" in table_text
     assert proc.stdout.rstrip().endswith(table_text.rstrip().splitlines()[-1])
+    again = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "gpu_accept.py"), str(tmp_path),
+                            "--report-only"], capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    assert again.returncode == 1, again.stderr[-3000:]   # the broken cells are still red, judged again
+    rejudged = (tmp_path / "accept.md").read_text()
+    assert "judged again" in rejudged.splitlines()[0]
+    assert rejudged.splitlines()[2] == table_text.splitlines()[2]   # the run's commit, card and versions kept
+
+
+def test_report_only_without_a_run_says_what_it_needs(tmp_path):
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "gpu_accept.py"), str(tmp_path),
+                           "--report-only"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2 and "cells.jsonl" in proc.stderr and "Traceback" not in proc.stderr
