@@ -34,7 +34,7 @@ TIMING_KEYS = ("step_ms_median", "step_ms_min", "tokens_per_s", "tflops", "peak_
 def add_model_args(p: argparse.ArgumentParser) -> None:
     """The benchmark model and batch (issue 7's 406M GPT by default; ``--model llama``: a 1.24B
     Hugging Face Llama built from a config)."""
-    p.add_argument("--model", choices=("gpt", "llama", "moe"), default="gpt",
+    p.add_argument("--model", choices=("gpt", "llama", "qwen2", "moe"), default="gpt",
                    help="moe: the GPT with an MoE layer every other block (bench_moe.py)")
     p.add_argument("--llama", choices=("1b", "tiny"), default="1b", help="the Llama config (--model llama)")
     p.add_argument("--grad-ckpt", action="store_true",

@@ -83,11 +83,20 @@ def build(kind: str, args, device: torch.device, deepspeed_layer: bool = False) 
         params = sum(p.numel() for p in lm.parameters())
         return BuiltModel(LlamaLoss(lm), params, llama_flops_per_token(config, args.seq), config["vocab_size"],
                           args.seq)
+    if kind == "qwen2":   # the acceptance run's Qwen2 (GQA 16/2, biased q/k/v, tied head): its step time alone
+        import accept_models
+
+        _, config = accept_models.hf_config("qwen2", tiny=args.llama == "tiny")
+        with torch.device(device):
+            lm = accept_models.getattr_model("qwen2")(config)
+        params = sum(p.numel() for p in lm.parameters())
+        return BuiltModel(LlamaLoss(lm), params, accept_models.flops_per_token(lm, args.seq), config.vocab_size,
+                          args.seq)
     if kind == "moe":
         from bench_moe import build_moe_gpt
 
         return build_moe_gpt(args, device, deepspeed_layer=deepspeed_layer)
-    raise ValueError(f"unknown model {kind!r}: gpt, llama or moe")
+    raise ValueError(f"unknown model {kind!r}: gpt, llama, qwen2 or moe")
 
 
 def enable_checkpointing(built: BuiltModel) -> None:
