@@ -11,9 +11,8 @@ from launcher.node.process import RankSpec, spawn
 from launcher.node.stall import PROGRESS_PREFIX
 from launcher.node.supervisor import NodeHooks, NodeSettings, Supervisor
 
-# writes its progress once (5 events, step 2) and registers faulthandler as the rank side does, then hangs
-RANK = ("import faulthandler, os, signal, sys, time\n"
-        "faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)\n"
+# writes its progress once (5 events, step 2), then hangs (its stack dump is armed by the launcher's bootstrap)
+RANK = ("import os, time\n"
         "with open(os.environ['DSLAUNCH_PROGRESS_FILE'], 'w') as f:\n"
         "    f.write('5 2\\n')\n"
         "def hang_here():\n"
@@ -32,7 +31,7 @@ def test_progress_goes_out_on_change_and_a_stacks_request_dumps_every_rank_then_
     sent, lines, exits = [], [], {}
     supervisor = None
 
-    def on_progress(readings):
+    def on_progress(readings, _lines):
         sent.append(sorted(readings))
         if len(sent) == 1:   # dslaunch would ask once the others had been past rank 5 for the timeout
             threading.Timer(1.5, supervisor.request_stacks, args=(5, 42.0)).start()
@@ -89,7 +88,7 @@ def test_a_stuck_rank_that_outlives_sigkill_ends_the_job_named_with_its_pid(tmp_
 
     supervisor = None
 
-    def on_progress(readings):
+    def on_progress(readings, _lines):
         supervisor.request_stacks(1, 30.0)
 
     supervisor = Supervisor(specs, NodeHooks(on_output=lambda event: None, on_progress=on_progress),
