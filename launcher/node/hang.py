@@ -91,6 +91,9 @@ def _waiting_lines(places: dict[int, Place]) -> list[str]:
 
 
 def _verdict(causes: list[int], unknown: list[int], in_backward: list[int], places: dict[int, Place]) -> str:
+    if causes and len(causes) == len(places):
+        return ("  no rank waits in a collective: every rank is in its own work (stuck outside "
+                "torch.distributed alike, e.g. on one hung file system, or a long silent stretch)")
     if causes:
         return f"  the other ranks wait for {ranks_text(causes)}"
     if unknown:

@@ -35,6 +35,10 @@ class Dump:
     main_id: int | None = None
     note: str = ""
 
+    def place(self) -> tuple[tuple[str, int, str], ...]:
+        """Every frame of the main thread as (file, line, function): two dumps at one place are equal."""
+        return tuple((f.file, f.line, f.function) for f in main_thread(self.text, self.main_id)) if not self.note else ()
+
     def stack(self) -> RankStack:
         """The main thread, innermost first, with each frame's source line (read here, on the rank's node)."""
         if self.note:
@@ -86,18 +90,21 @@ def sample_stacks(procs: list[RankProcess], directory: str, gap_s: float = SAMPL
                   samples: int = 3) -> list[RankStack]:
     """Every running rank's stack, taken `samples` times over `gap_s`: the last, marked `moved` where the
     main thread was elsewhere in an earlier one (a start-up importing, a slow step: busy, not hung)."""
-    seen: dict[int, list[RankStack]] = {}
+    seen: dict[int, list[Dump]] = {}
     for sample in range(samples):
         if sample:
             time.sleep(gap_s / (samples - 1))
         for rank, dump in take_dumps(procs, directory).items():
-            seen.setdefault(rank, []).append(dump.stack())
-    return [dataclasses.replace(stacks[-1], moved=any(_moved(earlier, stacks[-1]) for earlier in stacks[:-1]))
-            for stacks in seen.values()]
+            seen.setdefault(rank, []).append(dump)
+    return [dataclasses.replace(dumps[-1].stack(), moved=any(_moved(earlier, dumps[-1]) for earlier in dumps[:-1]))
+            for dumps in seen.values()]
 
 
-def _moved(earlier: RankStack, later: RankStack) -> bool:
-    return bool(earlier.frames) and bool(later.frames) and not later.same_place(earlier)
+def _moved(earlier: Dump, later: Dump) -> bool:
+    """The main thread elsewhere: compared on every frame, not the kept innermost ones (a deep stack moves
+    in its outer frames too)."""
+    before, after = earlier.place(), later.place()
+    return bool(before) and bool(after) and before != after
 
 
 def _armed_process(proc: RankProcess, text: str) -> tuple[int, int] | None:

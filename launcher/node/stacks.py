@@ -59,11 +59,6 @@ class RankStack:
         return {"rank": self.rank, "note": self.note, "moved": self.moved,
                 "frames": [[f.file, f.line, f.function, f.code] for f in self.frames]}
 
-    def same_place(self, other: "RankStack") -> bool:
-        """The same frames (file, line, function) in the same order; no frames is never the same place."""
-        where = [(f.file, f.line, f.function) for f in self.frames]
-        return bool(where) and where == [(f.file, f.line, f.function) for f in other.frames]
-
 
 def stack_from_json(data) -> RankStack | None:
     """An agent's record back; None when it is not one (a garbled message is no traceback)."""

@@ -95,3 +95,10 @@ def test_the_quiet_clock_starts_at_the_first_sign_of_life():
     quiet.saw(5.0)
     quiet.saw(3.0)                    # a late, older report does not turn the clock back
     assert not quiet.quiet(14.9) and quiet.quiet(15.0) and quiet.quiet_for(20.0) == 15.0
+
+
+def test_every_rank_in_its_own_work_is_said_so_not_that_others_wait():
+    diagnosis = judge(in_loader(0), in_loader(1))
+    assert diagnosis.stop == (0, 1)
+    assert "no rank waits in a collective: every rank is in its own work" in diagnosis.message
+    assert "the other ranks wait" not in diagnosis.message
