@@ -129,13 +129,19 @@ def local_ranks(tmp_path, *codes):
     return specs
 
 
-def test_the_local_runner_names_the_rank_outside_the_collective_of_a_quiet_job_and_stops_it(tmp_path):
+def run_local(tmp_path, codes, stall_timeout, stop_after=None):
+    """Run `codes` as local ranks under the local runner's watch: (what it said, how the node ended)."""
     said = []
-    supervisor = Supervisor(local_ranks(tmp_path, RANK_WAITS, RANK_SLEEPS),
-                            NodeHooks(on_output=lambda event: None, on_stall=said.append),
-                            NodeSettings(grace=1.0, stall_timeout=2.0, progress_root=str(tmp_path)))
+    supervisor = Supervisor(local_ranks(tmp_path, *codes), NodeHooks(on_output=lambda event: None, on_stall=said.append),
+                            NodeSettings(grace=1.0, stall_timeout=stall_timeout, progress_root=str(tmp_path)))
     supervisor.start()
-    result = supervisor.run()
+    if stop_after is not None:
+        threading.Timer(stop_after, supervisor.request_stop, args=("test over",)).start()
+    return said, supervisor.run()
+
+
+def test_the_local_runner_names_the_rank_outside_the_collective_of_a_quiet_job_and_stops_it(tmp_path):
+    said, result = run_local(tmp_path, (RANK_WAITS, RANK_SLEEPS), stall_timeout=2.0)
     assert len(said) == 1 and said[0].startswith("no rank made progress for 2 s"), said
     assert "likely cause: rank 1 is not in a collective, in load_batch" in said[0]
     assert "rank1.py:3 in load_batch: time.sleep(600)" in said[0]
@@ -145,11 +151,5 @@ def test_the_local_runner_names_the_rank_outside_the_collective_of_a_quiet_job_a
 
 
 def test_a_silent_rank_whose_stack_moves_keeps_the_job_from_being_judged(tmp_path):
-    said = []
-    supervisor = Supervisor(local_ranks(tmp_path, RANK_BUSY, RANK_SLEEPS),
-                            NodeHooks(on_output=lambda event: None, on_stall=said.append),
-                            NodeSettings(grace=1.0, stall_timeout=1.0, progress_root=str(tmp_path)))
-    supervisor.start()
-    threading.Timer(6.0, supervisor.request_stop, args=("test over",)).start()   # several quiet seconds
-    result = supervisor.run()
+    said, result = run_local(tmp_path, (RANK_BUSY, RANK_SLEEPS), stall_timeout=1.0, stop_after=6.0)   # quiet seconds
     assert said == [] and result.stopped_by == "test over", "\n".join(said)
