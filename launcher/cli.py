@@ -95,8 +95,9 @@ def _one_name(message: str) -> str:
 @_opt("--heartbeat_timeout", "heartbeat_timeout", type=float, default=10.0, show_default=True,
       help="Seconds of silence after which a node counts as lost.")
 @_opt("--stall_timeout", "stall_timeout", type=float, default=None, metavar="S",
-      help="Name a rank that makes no progress for S seconds while the others go on, print every rank's "
-           "stack on its node, and stop the job (off by default).")
+      help="Name a rank that makes no progress for S seconds while the others go on, or, when no rank moves or "
+           "prints for S seconds, the rank(s) outside any collective, from every rank's Python stack; then stop "
+           "the job (off by default).")
 @_opt("--max_restarts", "max_restarts", type=int, default=0, show_default=True,
       help="Restart the whole job after a failed rank or a lost node, up to N times.")
 @_opt("--min_nodes", "min_nodes", type=int, default=None,

@@ -4,8 +4,10 @@ Readable on purpose (no base64, no pickles): each message is one JSON object wit
 "type". Agents dial dslaunch, so every runner (ssh, pdsh, mpirun, srun) gets the same
 channel, and forwarded env values travel inside it instead of on a command line.
 
-Agent -> dslaunch: hello (answering the challenge), port, output, exit, heartbeat, error, done.
-dslaunch -> agent: challenge, pick_port, plan, stop, heartbeat.
+Agent -> dslaunch: hello (answering the challenge), port, output, failing, exit, heartbeat, error, done;
+under --stall_timeout also progress and stacks.
+dslaunch -> agent: challenge, pick_port, plan, stop, heartbeat; under --stall_timeout also stacks (a
+straggler's), dump_stacks (the job went quiet) and stop_hung.
 """
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from launcher.control.check import preflight_failed
 from launcher.control import unusable
 from launcher.control.inbox import Inbox
 from launcher.control.outcome import NodesUnusable, Outcome
-from launcher.control.stalls import JobStalls
+from launcher.control.stalls import JobStalls, QuietJob, StuckRank
 from launcher.control.startup import StartupWatch
 from launcher.control.streams import OutputRelay
 from launcher.errors import EXIT_NODE_LOST, EXIT_SIGINT, LaunchError
@@ -202,7 +202,7 @@ class Controller:
         elif kind == "exit":
             done = RankExit(message["rank"], message["local_rank"], message["returncode"],
                             tuple(message.get("tail", ())), host, stuck_pid=message.get("stuck_pid"),
-                            stalled_s=message.get("stalled_s"))
+                            stalled_s=message.get("stalled_s"), hung_s=message.get("hung_s"))
             self.exits.append(done)
             the_failing = self.failing is not None and done.rank == self.failing.rank
             self.relay.exited(done, self.stopping and not the_failing)
@@ -210,9 +210,12 @@ class Controller:
                 console.say(done.describe())
             if not done.ok and failure is None and (not self.stopping or the_failing):
                 return done
-        elif kind == "progress":   # --stall_timeout: some ranks of this node moved
+        elif kind == "progress":   # --stall_timeout: some ranks of this node moved, or printed
             if self.stalls is not None:
-                self.stalls.report(node_rank, message.get("ranks", ()), time.monotonic())
+                self.stalls.report(node_rank, message.get("ranks", ()), time.monotonic(), message.get("lines"))
+        elif kind == "stacks":   # --stall_timeout: the job went quiet; this node's ranks' stacks
+            if self.stalls is not None:
+                self.stalls.add_stacks(node_rank, message.get("ranks", ()), message.get("round"))
         elif kind == "error":
             console.say(f"node {node_rank} ({host}): {message['message']}")
             self.reported.add(node_rank)   # it ends on purpose: its EOF is no death
@@ -233,14 +236,24 @@ class Controller:
 
     def _check_stalls(self, now: float) -> None:
         """A stuck rank: say so once, and have its node's agent print every rank's stack there and kill it
-        (its exit, marked as stopped for being stuck, then ends or restarts the job as any failure)."""
-        stuck = self.stalls.check(now)
-        if stuck is None:
-            return
-        console.say(stuck.message)
-        channel = self.channels.get(stuck.node_rank)
-        if channel is not None:
-            channel.send({"type": "stacks", "rank": stuck.stall.rank, "behind_s": stuck.stall.behind_s})
+        (its exit, marked as stopped for being stuck, then ends or restarts the job as any failure). A
+        quiet job: every agent sends its ranks' stacks; once judged, one message, and the ranks it names
+        are killed by their agents (their exits, marked as hung, end or restart the job the same way)."""
+        found = self.stalls.check(now)
+        if isinstance(found, StuckRank):
+            console.say(found.message)
+            channel = self.channels.get(found.node_rank)
+            if channel is not None:
+                channel.send({"type": "stacks", "rank": found.stall.rank, "behind_s": found.stall.behind_s})
+        elif isinstance(found, QuietJob):
+            self.broadcast({"type": "dump_stacks", "round": found.round})
+        verdict = self.stalls.judge_hang(now, set(self.channels) - self.done)
+        if verdict is not None:
+            console.say(verdict.diagnosis.message)
+            for node_rank, ranks in verdict.stops.items():
+                if node_rank in self.channels:
+                    self.channels[node_rank].send({"type": "stop_hung", "ranks": list(ranks),
+                                                   "quiet_s": verdict.quiet_s})
 
     def _send_plans(self) -> JobPlan:
         plan = self.plan

@@ -80,7 +80,8 @@ class Agent:
         specs = rank_specs(ranks_from_json(node), job["master_addr"], job["workdir"], dict(os.environ),
                            remap_devices=True, cores=cores)
         hooks = NodeHooks(on_output=self._send_output, on_exit=self._send_exit, on_failure=self._send_failing,
-                          on_progress=self._send_progress if job.get("stall_timeout") else None)
+                          on_progress=self._send_progress if job.get("stall_timeout") else None,
+                          on_stacks=self._send_stacks)
         self.supervisor = Supervisor(specs, hooks, NodeSettings(log_dir=job.get("log_dir"), host=node["host"],
                                                                 grace=float(job.get("grace", 3.0))))
         threading.Thread(target=self._listen, daemon=True).start()
@@ -159,6 +160,11 @@ class Agent:
                 self.stop(message.get("reason", "stop"), int(message.get("signal", signal.SIGTERM)))
             elif message["type"] == "stacks" and self.supervisor is not None:
                 self.supervisor.request_stacks(int(message["rank"]), float(message.get("behind_s", 0.0)))
+            elif message["type"] == "dump_stacks" and self.supervisor is not None:
+                self.supervisor.request_dump(int(message.get("round", 0)))
+            elif message["type"] == "stop_hung" and self.supervisor is not None:
+                self.supervisor.request_hung_stop([int(r) for r in message.get("ranks", ())],
+                                                  float(message.get("quiet_s", 0.0)))
 
     def _heartbeat(self) -> None:
         while not self.channel.closed:
@@ -178,9 +184,15 @@ class Agent:
         self.channel.send({"type": "failing", "rank": event.rank, "local_rank": event.local_rank,
                            "returncode": event.returncode})
 
-    def _send_progress(self, readings: list[tuple[int, int, int]]) -> None:
-        """--stall_timeout: this node's ranks whose (events, step) changed; dslaunch judges every rank of the job."""
-        self.channel.send({"type": "progress", "ranks": [list(reading) for reading in readings]})
+    def _send_progress(self, readings: list[tuple[int, int, int]], output_lines: int) -> None:
+        """--stall_timeout: this node's ranks whose (events, step) changed, and how many lines its ranks
+        printed so far (any rank's output is a sign of life); dslaunch judges every rank of the job."""
+        self.channel.send({"type": "progress", "ranks": [list(reading) for reading in readings],
+                           "lines": output_lines})
+
+    def _send_stacks(self, stacks, round_number: int) -> None:
+        """--stall_timeout: dslaunch found the job quiet and asked for every rank's stack (main thread)."""
+        self.channel.send({"type": "stacks", "round": round_number, "ranks": [stack.to_json() for stack in stacks]})
 
     def _send_exit(self, event) -> None:
         message = {"type": "exit", "rank": event.rank, "local_rank": event.local_rank,
@@ -189,6 +201,8 @@ class Agent:
             message["stuck_pid"] = event.stuck_pid
         if event.stalled_s is not None:
             message["stalled_s"] = event.stalled_s
+        if event.hung_s is not None:
+            message["hung_s"] = event.hung_s
         self.channel.send(message)
 
 

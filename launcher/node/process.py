@@ -49,6 +49,7 @@ class RankExit:
     host: str = ""
     stuck_pid: int | None = None   # it outlived SIGKILL (stuck in the kernel): left running as this pid
     stalled_s: float | None = None  # stopped by --stall_timeout: no progress this long while its peers went on
+    hung_s: float | None = None     # stopped by --stall_timeout: no rank of the job made progress this long
 
     @property
     def ok(self) -> bool:
@@ -67,6 +68,9 @@ class RankExit:
         if self.stalled_s is not None:
             return (f"{where} was stopped as stuck: no progress for {self.stalled_s:.0f} s while the other ranks "
                     f"went on (--stall_timeout; its stack is above)")
+        if self.hung_s is not None:
+            return (f"{where} was stopped as hung: no rank made progress for {self.hung_s:.0f} s "
+                    f"(--stall_timeout; what each rank was doing is said above)")
         if self.returncode < 0:
             number = -self.returncode
             try:

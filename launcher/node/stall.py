@@ -6,7 +6,8 @@ rank of the job is seen: in dslaunch (launcher/control/stalls.py, fed by the age
 or, under the local runner, in the supervisor itself. A rank is stuck when others have passed
 its count of events for ``timeout`` seconds and it has not moved since: the peers that went on
 now wait for it in a collective. A job in which every rank stopped alike (all at the same
-count) is not a straggler and is not reported here.
+count) is not a straggler: QuietWatch finds it instead (no progress and no output from any rank
+for ``timeout`` seconds), and launcher/node/hang.py names the cause from every rank's stack.
 """
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ class StallWatch:
         self.seen: dict[int, _Seen] = {}
         self.lead_history: list[tuple[int, float]] = []   # (lead events, when reached), lead increasing
 
-    def observe(self, rank: int, events: int, step: int, now: float) -> None:
+    def observe(self, rank: int, events: int, step: int, now: float) -> bool:
+        """Take a reading; True when the rank's count moved (or is new): progress."""
         old = self.seen.get(rank)
         if old is not None and events < old.events:   # a new process counts from 0 again: a restart
             self.seen.clear()
@@ -62,6 +64,8 @@ class StallWatch:
                 old.events, old.step, old.since = events, step, now
             if not self.lead_history or events > self.lead_history[-1][0]:
                 self.lead_history.append((events, now))
+            return True
+        return False
 
     def _first_past(self, events: int) -> float | None:
         """When some rank was first seen with more than `events` events (None: none has been)."""
@@ -100,6 +104,27 @@ class StallWatch:
     def stuck(self, now: float) -> Stall | None:
         stalls = self.behind(now)
         return stalls[0] if stalls else None
+
+
+class QuietWatch:
+    """The job as a whole: when anything was last seen of any rank (a count moved, a line of output).
+
+    Its clock starts at the first sign of life, not at the launch: a start-up (imports, a model
+    download, the rendezvous) shows nothing to judge, and a long silent one must not be taken for
+    a hang. ``quiet_for(now)`` is then the seconds since the last sign; pure, the clock comes in."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        self.last: float | None = None
+
+    def saw(self, now: float) -> None:
+        self.last = now if self.last is None else max(self.last, now)
+
+    def quiet_for(self, now: float) -> float:
+        return 0.0 if self.last is None else now - self.last
+
+    def quiet(self, now: float) -> bool:
+        return self.quiet_for(now) >= self.timeout_s
 
 
 def read_progress(path: str) -> tuple[int, int] | None:

@@ -5,28 +5,23 @@ callbacks and never prints, so the two can route output their own way.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
 
+from launcher.node.node_watch import NodeWatch, Stop, WatchHooks
 from launcher.node.process import RankExit, RankOutput, RankProcess, RankSpec, spawn, stop_processes
-from launcher.node.stall import (PROGRESS_VARIABLE, StallWatch, describe_stall, make_progress_dir, progress_path,
-                                  read_progress)
+from launcher.node.stacks import RankStack
 
 POLL_SECONDS = 0.02
 DRAIN_SECONDS = 1.0        # a failed or finished rank's output threads get this long to reach EOF
 STOPPED_DRAIN_SECONDS = 0.5  # one wait for every stopped rank's output (a pipe an escaped grandchild holds)
 KILL_WAIT_SECONDS = 5.0    # a rank that outlives SIGKILL this long is stuck in the kernel: reported, left
-PROGRESS_POLL_SECONDS = 0.5  # --stall_timeout: how often the ranks' progress files are read
-PROGRESS_REPORT_SECONDS = 1.0  # an agent sends its ranks' progress at most this often (1024 nodes: ~1000 msg/s)
-STACKS_SECONDS = 2.0       # after SIGUSR1, how long the ranks' stacks get to reach the output before the stop
 
 
 @dataclass(frozen=True)
@@ -49,13 +44,15 @@ def _ignore(_event) -> None:
 @dataclass(frozen=True)
 class NodeHooks:
     """Where a Supervisor reports (it never prints): every rank's lines, exits, the first failure as
-    soon as it is seen, a stuck rank (local runner), and changed progress readings (an agent)."""
+    soon as it is seen, a stuck rank or a hung job (local runner), and for an agent (dslaunch judges):
+    changed progress readings with the count of output lines, and the stacks dslaunch asked for."""
 
     on_output: Callable[[RankOutput], None]
     on_exit: Callable[[RankExit], None] = _ignore
     on_failure: Callable[[RankExit], None] = _ignore
     on_stall: Callable[[str], None] = _ignore
-    on_progress: Callable[[list[tuple[int, int, int]]], None] | None = None
+    on_progress: Callable[[list[tuple[int, int, int]], int], None] | None = None
+    on_stacks: Callable[[list[RankStack], int], None] = lambda _stacks, _round: None
 
 
 @dataclass(frozen=True)
@@ -80,16 +77,16 @@ class Supervisor:
     local runner: these are all the job's ranks), a rank that makes no progress while the others
     go on is named through `on_stall`, every rank here is asked for its Python stack (SIGUSR1,
     faulthandler), and the stuck rank is killed: its exit is then the job's failure, as any other
-    (restarted under --max_restarts). With `on_progress` instead (an agent: dslaunch judges every
-    rank of the job), changed readings go out through it and `request_stacks` does the rest.
+    (restarted under --max_restarts); a job in which no rank moves at all is diagnosed from every
+    rank's stack and its likely cause killed the same way (node_watch.py). With `on_progress`
+    instead (an agent: dslaunch judges every rank of the job), changed readings go out through it
+    and `request_stacks`, `request_dump` and `request_hung_stop` do the rest.
     """
 
     def __init__(self, specs: list[RankSpec], hooks: NodeHooks, settings: NodeSettings = NodeSettings(),
                  spawner: Callable[..., RankProcess] = spawn):
         on_output, on_exit, on_failure = hooks.on_output, hooks.on_exit, hooks.on_failure
-        on_stall, on_progress = hooks.on_stall, hooks.on_progress
         log_dir, grace, host = settings.log_dir, settings.grace, settings.host
-        stall_timeout, progress_root = settings.stall_timeout, settings.progress_root
         self.specs = specs
         self.on_output = on_output
         self.on_exit = on_exit
@@ -101,18 +98,12 @@ class Supervisor:
         self.procs: list[RankProcess] = []
         self._logs = []
         self._stop_request: tuple[str, int] | None = None
-        self.stall_timeout = stall_timeout
-        self.on_stall = on_stall
-        self.on_progress = on_progress
-        self.progress_root = progress_root or tempfile.gettempdir()
-        self._progress_dir: str | None = None
-        self._watch = StallWatch(stall_timeout) if stall_timeout and on_progress is None else None
-        self._stalled: dict[int, float] = {}   # rank -> seconds behind, once stopped as stuck
+        self._watch = NodeWatch(settings.stall_timeout, WatchHooks(hooks.on_stall, on_output, hooks.on_progress,
+                                                                   hooks.on_stacks),
+                                host, settings.progress_root or tempfile.gettempdir()) \
+            if settings.stall_timeout or hooks.on_progress is not None else None
+        self._stopped_as: dict[int, Stop] = {}   # rank -> why the stall watch stopped it
         self._unkillable: dict[int, int] = {}  # stuck rank -> its pid, when even SIGKILL did not end it
-        self._next_progress_read = 0.0
-        self._reported: dict[int, tuple[int, int]] = {}   # rank -> (events, step) last sent through on_progress
-        self._stacks_request: tuple[int, float] | None = None
-        self._lock = threading.Lock()
 
     def request_stop(self, reason: str, signum: int = signal.SIGTERM) -> None:
         """Ask the run loop to stop every rank (safe from a signal handler or thread)."""
@@ -121,22 +112,31 @@ class Supervisor:
 
     def request_stacks(self, rank: int, behind_s: float) -> None:
         """dslaunch found `rank` stuck: every rank here prints its stack, then `rank` is killed (thread-safe)."""
-        with self._lock:
-            if self._stacks_request is None and not self._stalled:
-                self._stacks_request = (rank, behind_s)
+        if self._watch is not None:
+            self._watch.request("stacks", rank, behind_s)
+
+    def request_dump(self, round_number: int) -> None:
+        """dslaunch found the whole job quiet: every rank's stack goes back through `on_stacks` (thread-safe)."""
+        if self._watch is not None:
+            self._watch.request("dump", round_number)
+
+    def request_hung_stop(self, ranks: list[int], quiet_s: float) -> None:
+        """dslaunch judged the hung job's stacks: kill `ranks` (those of this node), marked as hung (thread-safe)."""
+        if self._watch is not None:
+            self._watch.request("stop_hung", [r for r in ranks if r in {s.rank for s in self.specs}], quiet_s)
 
     def start(self) -> None:
         if self.log_dir:
             os.makedirs(self.log_dir, exist_ok=True)
-        if self._watch is not None or self.on_progress is not None:
-            self._progress_dir = make_progress_dir(self.progress_root)
-            self.specs = [dataclasses.replace(spec, env={**spec.env, PROGRESS_VARIABLE: progress_path(
-                self._progress_dir, spec.rank)}) for spec in self.specs]
+        on_output = self.on_output
+        if self._watch is not None:
+            self.specs = self._watch.prepare(self.specs)
+            on_output = self._watch.count_output
         for spec in self.specs:
             log = open(os.path.join(self.log_dir, f"rank_{spec.rank}.log"), "a", encoding="utf-8") \
                 if self.log_dir else None
             self._logs.append(log)
-            self.procs.append(self.spawner(spec, self.on_output, log))
+            self.procs.append(self.spawner(spec, on_output, log))
 
     def run(self) -> NodeResult:
         """Block until every rank ended, a rank failed, or a stop was requested.
@@ -157,8 +157,9 @@ class Supervisor:
             stopped = [] if stop is None else self._stop_running(stop, exits.keys() | {p.spec.rank for p, _ in ended})
             _join_readers([proc for proc, _ in ended], timeout=DRAIN_SECONDS)
             for proc, code in ended:
+                why = self._stopped_as.get(proc.spec.rank, Stop(proc.spec.rank))
                 done = RankExit(proc.spec.rank, proc.spec.local_rank, code, tuple(proc.tail), self.host,
-                                stalled_s=self._stalled.get(proc.spec.rank),
+                                stalled_s=why.stalled_s, hung_s=why.hung_s,
                                 stuck_pid=self._unkillable.get(proc.spec.rank))
                 exits[done.rank] = done
                 self.on_exit(done)
@@ -167,8 +168,9 @@ class Supervisor:
             if stop is not None:
                 self._report_stopped(stopped, exits)
                 break
-            if self._progress_dir is not None and not ended:
-                self._watch_progress(exits)
+            if self._watch is not None and not ended:
+                for stop in self._watch.tick(self.procs, set(exits)):
+                    self._stop_as(stop)
             time.sleep(POLL_SECONDS)
         self._close_logs()
         stopped_by = self._stop_request[0] if self._stop_request and first_failure is None else None
@@ -205,53 +207,17 @@ class Supervisor:
         for log in self._logs:
             if log is not None:
                 log.close()
-        if self._progress_dir is not None:
-            shutil.rmtree(self._progress_dir, ignore_errors=True)
+        if self._watch is not None and self._watch.directory is not None:
+            shutil.rmtree(self._watch.directory, ignore_errors=True)
 
-    # ---- --stall_timeout ----------------------------------------------------------------------
-    def _watch_progress(self, exits: dict[int, RankExit]) -> None:
-        with self._lock:
-            request, self._stacks_request = self._stacks_request, None
-        if request is not None:
-            self._dump_stacks_and_kill(request[0], request[1], exits)
-        now = time.monotonic()
-        if now < self._next_progress_read or self._stalled:
-            return
-        self._next_progress_read = now + (PROGRESS_POLL_SECONDS if self._watch is not None else PROGRESS_REPORT_SECONDS)
-        readings = []
-        for proc in self.procs:
-            reading = read_progress(progress_path(self._progress_dir, proc.spec.rank))
-            if reading is not None and proc.spec.rank not in exits:
-                readings.append((proc.spec.rank, *reading))
-        if self._watch is None:
-            changed = [r for r in readings if self._reported.get(r[0]) != r[1:]]
-            self._reported.update({r[0]: r[1:] for r in changed})
-            if changed:
-                self.on_progress(changed)
-            return
-        for rank, events, step in readings:
-            self._watch.observe(rank, events, step, now)
-        stall = self._watch.stuck(now)
-        if stall is not None:
-            self.on_stall(describe_stall(stall, self.host, self.stall_timeout))
-            self._dump_stacks_and_kill(stall.rank, stall.behind_s, exits)
-
-    def _dump_stacks_and_kill(self, rank: int, behind_s: float, exits: dict[int, RankExit]) -> None:
-        """Have every rank here print its stack, then kill the stuck one (its exit ends or restarts the job)."""
-        running = [p for p in self.procs if p.spec.rank not in exits and p.popen.poll() is None]
-        for proc in running:   # only ranks that reported progress registered faulthandler on SIGUSR1
-            if os.path.exists(progress_path(self._progress_dir, proc.spec.rank)):
-                try:
-                    os.kill(proc.popen.pid, signal.SIGUSR1)
-                except ProcessLookupError:
-                    pass
-        time.sleep(STACKS_SECONDS)   # the stacks come through the ranks' stderr threads meanwhile
-        self._stalled[rank] = behind_s
-        stuck = next((p for p in running if p.spec.rank == rank), None)
-        if stuck is not None and stuck.popen.poll() is None:
-            _code, pid = _kill(stuck.popen)
+    def _stop_as(self, stop: Stop) -> None:
+        """Kill a rank the stall watch chose (its stacks were taken): its exit ends or restarts the job."""
+        self._stopped_as[stop.rank] = stop
+        proc = next((p for p in self.procs if p.spec.rank == stop.rank), None)
+        if proc is not None and proc.popen.poll() is None:
+            _code, pid = _kill(proc.popen)
             if pid is not None:   # in the kernel (a hung file system): the job ends without it
-                self._unkillable[rank] = pid
+                self._unkillable[stop.rank] = pid
 
 
 def _kill(popen) -> tuple[int, int | None]:

@@ -4,16 +4,14 @@ The launcher names a file per rank in ``DSLAUNCH_PROGRESS_FILE``; the rank rewri
 there, ``"<events> <step>\\n"``, where *events* counts the engine's forward, backward and step
 calls (so a rank stuck inside a step is behind peers that went on to wait in its all-reduce)
 and *step* is the optimizer step to name in the report. A plain script calls ``beat()``.
-Opening the file also registers ``faulthandler`` on SIGUSR1, so the supervisor can ask every
-rank for its Python stack: it sends SIGUSR1 only to ranks whose file exists. Torch-free; a
-no-op (one environment read) without the launcher's variable.
+The rank's Python stack is not armed here: the launcher arms faulthandler in every Python rank
+at start-up (launcher/node/rank_site/sitecustomize.py), before any import, into a file of its
+own; registering SIGUSR1 here would take the dump away from that file. Torch-free; a no-op
+(one environment read) without the launcher's variable.
 """
 from __future__ import annotations
 
-import faulthandler
 import os
-import signal
-import sys
 
 ENV_VARIABLE = "DSLAUNCH_PROGRESS_FILE"
 _state = {"fd": None, "events": 0, "opened": False}
@@ -25,9 +23,8 @@ def _open() -> int | None:
     if not path:
         return None
     try:
-        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__ or sys.stderr, all_threads=True, chain=False)
         _state["fd"] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    except (OSError, ValueError, AttributeError, RuntimeError):   # no file system, no SIGUSR1: no progress
+    except OSError:   # no file system: no progress
         _state["fd"] = None
     return _state["fd"]
 

@@ -4,12 +4,10 @@ with its host and step, the stack of every rank on node2 reaches dslaunch's cons
 agent, and the job ends with the stuck rank's 137 (issue 33 item 3). With one rank per node, no
 node sees a straggler of its own: only the job-wide watch can find it."""
 import os
-import subprocess
-import sys
-import threading
-import time
 
 import pytest
+
+from tests.helpers.timed_run import first, run_dslaunch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(ROOT, "tests", "dist", "workers", "stall_worker.py")
@@ -20,31 +18,8 @@ pytestmark = pytest.mark.cluster
 
 def dslaunch(hostfile, stuck_rank):   # stuck_rank: 1, or "2,3" for several
     """Run the stall worker; (return code, [(seconds since start, stream, line)])."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("DSLAUNCH_DEBUG", None)
-    proc = subprocess.Popen([sys.executable, "-m", "launcher", "-H", str(hostfile), "--launcher", "ssh",
-                             "--no_local_rank", "--stall_timeout", str(STALL_TIMEOUT), WORKER, str(stuck_rank)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
-    started, lines = time.monotonic(), []
-
-    def read(stream, name):
-        for line in stream:
-            lines.append((time.monotonic() - started, name, line.rstrip("\n")))
-    readers = [threading.Thread(target=read, args=(proc.stdout, "out")),
-               threading.Thread(target=read, args=(proc.stderr, "err"))]
-    for reader in readers:
-        reader.start()
-    try:
-        proc.wait(timeout=300)
-    finally:
-        proc.kill()
-        for reader in readers:
-            reader.join()
-    return proc.returncode, lines
-
-
-def first(lines, text, stream="err"):
-    return next(i for i, (_t, name, line) in enumerate(lines) if name == stream and text in line)
+    return run_dslaunch("-H", str(hostfile), "--launcher", "ssh", "--no_local_rank",
+                        "--stall_timeout", str(STALL_TIMEOUT), WORKER, str(stuck_rank))
 
 
 def test_the_only_rank_of_a_node_stuck_is_named_with_its_stack_and_the_job_stops(cluster_hostfile):

@@ -229,3 +229,48 @@ def test_a_rank_stuck_on_a_node_of_its_own_is_named_once_and_its_node_asked_for_
     assert len(stuck) == 1 and stuck[0].startswith("dslaunch: rank 1 on 127.0.0.1 is stuck after step 2"), said
     assert said.index(stuck[0]) < next(i for i, line in enumerate(said) if "was stopped as stuck" in line)
     assert code == 137
+
+
+def test_a_quiet_job_is_diagnosed_once_from_every_nodes_stacks_and_its_cause_stopped(capsys):
+    """--stall_timeout judged by dslaunch for a plain script: each node printed a line, then nothing
+    moved; dslaunch asks every agent for its ranks' stacks, says one message naming rank 1 (outside any
+    collective) and rank 0 waiting in all_reduce, has node 1 (only) stop its rank, and ends with 137."""
+    controller = two_node_controller(stall_timeout=1.0)
+    told, stop_hung = {0: [], 1: []}, {}
+    c10d = "/v/torch/distributed/distributed_c10d.py"
+
+    def until(reader, node, kinds):
+        for line in reader:
+            told[node].append(json.loads(line)["type"])
+            if told[node][-1] in kinds:
+                return json.loads(line)
+
+    def node0(sock, reader):
+        send(sock, {"type": "progress", "ranks": [], "lines": 2})
+        asked = until(reader, 0, ("dump_stacks",))
+        send(sock, {"type": "stacks", "round": asked["round"], "ranks": [{"rank": 0, "frames": [[c10d, 3252, "all_reduce", ""],
+                                                                       ["/t.py", 17, "main", "dist.all_reduce(x)"]]}]})
+        until(reader, 0, ("stop",))
+        send(sock, {"type": "exit", "rank": 0, "local_rank": 0, "returncode": -15}, {"type": "done", "ok": False})
+
+    def node1(sock, reader):
+        send(sock, {"type": "progress", "ranks": [], "lines": 2})
+        asked = until(reader, 1, ("dump_stacks",))
+        send(sock, {"type": "stacks", "round": asked["round"], "ranks": [{"rank": 1, "frames": [["/t.py", 9, "load_batch", "time.sleep(1000)"],
+                                                                       ["/t.py", 16, "main", ""]]}]})
+        stop_hung.update(until(reader, 1, ("stop_hung",)))   # the agent kills its rank, marked as hung
+        send(sock, {"type": "failing", "rank": 1, "local_rank": 0, "returncode": -9},
+             {"type": "exit", "rank": 1, "local_rank": 0, "returncode": -9, "hung_s": 1.2})
+        until(reader, 1, ("stop",))
+        send(sock, {"type": "done", "ok": False})
+
+    code = controller.run(agents_start(controller, node0, node1))
+    err = capsys.readouterr().err
+    assert code == 137
+    assert "stop_hung" not in told[0]   # node 0's rank was only stopped, as any other after a failure
+    assert stop_hung["ranks"] == [1] and stop_hung["quiet_s"] >= 1.0
+    assert err.count("every rank's Python stack was taken") == 1, err   # one message for the job
+    assert "likely cause: rank 1 on 127.0.0.1 is not in a collective, in load_batch" in err
+    assert "      /t.py:9 in load_batch: time.sleep(1000)" in err
+    assert "waiting in all_reduce: rank 0 (called at /t.py:17 in main)" in err
+    assert "rank 1 on 127.0.0.1 was stopped as hung: no rank made progress for 1 s" in err

@@ -1,6 +1,6 @@
 """--stall_timeout across nodes: dslaunch's one watch over every rank, fed by the agents' reports
 (launcher/control/stalls.py), with the clock passed in."""
-from launcher.control.stalls import JobStalls
+from launcher.control.stalls import STACKS_WAIT_SECONDS, JobStalls, QuietJob
 
 
 def job(timeout=10.0, nodes=3, slots=1):
@@ -45,18 +45,20 @@ def test_one_rank_behind_on_a_node_of_several_is_not_a_whole_node():
     assert (stuck.stall.rank, stuck.host, stuck.whole_node) == (2, "node2", False)
 
 
-def test_every_rank_stopped_alike_is_not_reported():
+def test_every_rank_stopped_alike_is_no_straggler_but_a_quiet_job():
     stalls = job(nodes=4, slots=2)
     for now in range(5):
         every_node_reports(stalls, 2, events=now, step=now, now=float(now))
-    assert stalls.check(now=1000.0) is None
+    assert stalls.check(now=13.9) is None   # quiet for 9.9 s of 10
+    assert stalls.check(now=1000.0) == QuietJob(quiet_s=996.0)   # nobody is behind; the stacks will tell
+    assert stalls.check(now=2000.0) is None   # once a try
 
 
 def test_a_node_cannot_report_another_nodes_ranks():
     stalls = job(nodes=2, slots=1)
     stalls.report(1, [[1, 5, 1]], now=0.0)
     stalls.report(0, [[0, 5, 1], [1, 9, 3]], now=1.0)   # node 0 speaking for rank 1 (node 1's) is dropped
-    assert stalls.check(now=100.0) is None
+    assert isinstance(stalls.check(now=100.0), QuietJob)   # no straggler: both at 5, and quiet since
 
 
 def test_a_restart_starts_the_watch_over():
@@ -65,10 +67,10 @@ def test_a_restart_starts_the_watch_over():
     stalls.report(0, [[0, 101, 30]], now=1.0)
     # the ranks came back (new processes count from 0); the old try's lead of 101 no longer counts
     every_node_reports(stalls, 1, events=1, step=-1, now=5.0)
-    assert stalls.check(now=60.0) is None
-    stalls.report(0, [[0, 2, -1]], now=61.0)
-    assert stalls.check(now=70.0) is None
-    assert stalls.check(now=71.0).stall.rank == 1
+    assert stalls.check(now=14.5) is None
+    stalls.report(0, [[0, 2, -1]], now=15.0)
+    assert stalls.check(now=24.0) is None
+    assert stalls.check(now=25.0).stall.rank == 1   # a straggler is named before the quiet job it makes
 
 
 def test_a_rank_whose_first_report_comes_after_the_others_were_checked_is_still_named():
@@ -82,3 +84,63 @@ def test_a_rank_whose_first_report_comes_after_the_others_were_checked_is_still_
     assert stalls.check(now=11.5) is None   # 10 s from its first reading: not yet
     stuck = stalls.check(now=12.0)
     assert (stuck.stall.rank, stuck.host, stuck.stall.step) == (2, "node3", 0)
+
+
+C10D = "/v/torch/distributed/distributed_c10d.py"
+
+
+def stack_record(rank, function, file="/t.py", moved=False):
+    return {"rank": rank, "frames": [[file, 9, function, ""], ["/t.py", 20, "main", ""]], "note": "", "moved": moved}
+
+
+def test_output_lines_keep_a_job_without_beats_alive_and_their_silence_makes_it_quiet():
+    stalls = job(nodes=2, slots=1)
+    for now in range(0, 30, 5):   # a plain script: no readings, only its node's count of printed lines
+        stalls.report(0, [], now=float(now), lines=now)
+        assert stalls.check(now=float(now) + 0.1) is None
+    stalls.report(0, [], now=30.0, lines=25)   # the same count again: nothing printed since
+    assert stalls.check(now=34.0) is None
+    assert stalls.check(now=35.0) == QuietJob(quiet_s=10.0)   # 10 s since the last new line, at 25
+
+
+def test_a_quiet_job_is_judged_once_every_live_node_sent_its_stacks():
+    stalls = job(nodes=3, slots=1)
+    stalls.report(0, [], now=0.0, lines=3)
+    asked = stalls.check(now=10.0)
+    assert isinstance(asked, QuietJob) and asked.round == 1
+    stalls.add_stacks(0, [stack_record(0, "all_reduce", C10D)], 1)
+    stalls.add_stacks(1, [stack_record(1, "load_batch"), stack_record(2, "x")], 1)   # rank 2 is node 2's: dropped
+    assert stalls.judge_hang(now=11.0, live_nodes={0, 1, 2}) is None   # node 2 has not answered yet
+    stalls.add_stacks(2, [stack_record(2, "load_batch")], 0)   # an answer to another round: dropped
+    assert stalls.judge_hang(now=11.2, live_nodes={0, 1, 2}) is None
+    stalls.add_stacks(2, ["garbled", stack_record(2, "all_reduce", C10D)], 1)
+    verdict = stalls.judge_hang(now=11.5, live_nodes={0, 1, 2})
+    assert verdict.stops == {1: (1,)} and verdict.quiet_s == 10.0
+    assert "likely cause: rank 1 on node2 is not in a collective, in load_batch" in verdict.diagnosis.message
+    assert "waiting in all_reduce: ranks 0, 2 (called at /t.py:20 in main)" in verdict.diagnosis.message
+    assert stalls.judge_hang(now=12.0, live_nodes={0, 1, 2}) is None   # one verdict a try
+
+
+def test_a_node_that_does_not_answer_is_named_without_stacks_after_the_wait():
+    stalls = job(nodes=2, slots=2)
+    stalls.report(0, [], now=0.0, lines=1)
+    stalls.check(now=10.0)
+    stalls.add_stacks(0, [stack_record(0, "all_reduce", C10D), stack_record(1, "all_reduce", C10D)], 1)
+    assert stalls.judge_hang(now=10.0 + STACKS_WAIT_SECONDS - 0.1, live_nodes={0, 1}) is None
+    verdict = stalls.judge_hang(now=10.0 + STACKS_WAIT_SECONDS, live_nodes={0, 1})
+    assert verdict.stops == {1: (2, 3)}
+    assert "no stack from ranks 2, 3: its node's agent did not answer" in verdict.diagnosis.message
+
+
+def test_a_rank_whose_stack_still_moves_shows_a_busy_job_and_the_watch_starts_again():
+    stalls = job(nodes=2, slots=1)
+    stalls.report(0, [], now=0.0, lines=1)   # a line at start-up; then a long silent import on both nodes
+    assert stalls.check(now=10.0).round == 1
+    stalls.add_stacks(0, [stack_record(0, "_find_and_load", "<frozen importlib._bootstrap>", moved=True)], 1)
+    stalls.add_stacks(1, [stack_record(1, "all_reduce", C10D)], 1)
+    assert stalls.judge_hang(now=11.5, live_nodes={0, 1}) is None and stalls.verdict is None
+    assert stalls.check(now=20.0) is None   # quiet again from 11.5 on, not from 0
+    assert stalls.check(now=21.5).round == 2   # asked again: this round's answers judge it
+    stalls.add_stacks(0, [stack_record(0, "load_batch")], 2)
+    stalls.add_stacks(1, [stack_record(1, "all_reduce", C10D)], 2)
+    assert stalls.judge_hang(now=23.0, live_nodes={0, 1}).stops == {0: (0,)}
