@@ -1,6 +1,7 @@
 """The launcher's import graph at a git revision: its cycles (arrows that point back up).
 
     python scripts/import_graph.py [REV] [--edges] [--local]     # REV default: HEAD
+    python scripts/import_graph.py --worktree [--edges] [--local]  # the files on disk
 
 Reads every ``launcher/**/*.py`` at REV with ``git show`` (nothing is imported), collects each
 module's imports of ``launcher.*`` (module level and inside functions alike), and prints the
@@ -19,10 +20,16 @@ from __future__ import annotations
 
 import argparse
 import ast
+import pathlib
 import subprocess
 import sys
 
 ENGINE = "launcher.zero"
+
+
+def worktree_sources(root: pathlib.Path) -> dict[str, str]:
+    """Every ``launcher/**/*.py`` as it is on disk under ``root`` (uncommitted changes too)."""
+    return {path.relative_to(root).as_posix(): path.read_text() for path in sorted((root / "launcher").rglob("*.py"))}
 
 
 def sources(rev: str) -> dict[str, str]:
@@ -139,10 +146,13 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="import_graph.py", description=__doc__.splitlines()[0])
     parser.add_argument("rev", nargs="?", default="HEAD", help="the git revision to read (default: HEAD)")
     parser.add_argument("--edges", action="store_true", help="list the engine's folder-to-folder imports")
+    parser.add_argument("--worktree", action="store_true", help="read the files on disk instead of a revision")
     parser.add_argument("--local", action="store_true", help="list the imports inside functions in launcher/zero")
     options = parser.parse_args(argv)
+    if options.worktree:
+        options.rev = "worktree"
     try:
-        files = sources(options.rev)
+        files = worktree_sources(pathlib.Path(__file__).resolve().parents[1]) if options.worktree else sources(options.rev)
     except (subprocess.CalledProcessError, OSError) as error:
         detail = (getattr(error, "stderr", None) or str(error)).strip().splitlines()
         print(f"import_graph.py: cannot read revision {options.rev!r}: {detail[0] if detail else error}",
@@ -184,7 +194,7 @@ def print_edges(edges: dict[tuple[str, str], set[str]], components: list[list[st
 
 
 def _short(name: str) -> str:
-    """'launcher.zero.engine.initialize' -> 'engine.initialize'; the root stays 'launcher.zero'."""
+    """'launcher.zero.engine.zero_engine' -> 'engine.zero_engine'; the root stays 'launcher.zero'."""
     return name[len(ENGINE) + 1:] if name.startswith(ENGINE + ".") else name
 
 

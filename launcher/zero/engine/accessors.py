@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from launcher.zero.checkpoint.tensors import clone_tensors_for_torch_save
+
 
 class ConfigAccessors:
     """What both engines (this one and the pipeline's) answer from ``config``, ``optimizer`` and
@@ -90,8 +92,6 @@ class ConfigAccessors:
     def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False) -> dict | None:
         """The whole model's state dict in its training dtype, on the CPU on rank 0 and None elsewhere;
         collective. DeepSpeed's name: accelerate's ``get_state_dict`` calls it at stage 3."""
-        from launcher.zero.checkpoint.tensors import clone_tensors_for_torch_save
-
         state = self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
         return clone_tensors_for_torch_save(state) if self.dist_context.rank == 0 else None
 

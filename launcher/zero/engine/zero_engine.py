@@ -18,19 +18,24 @@ from typing import Any
 import torch
 
 import launcher.zero.progress as rank_progress   # --stall_timeout
+from launcher.zero.checkpoint import save_load
+from launcher.zero.checkpoint.format import tensor_prefix
 from launcher.zero.config.schema import ZeroConfig
 from launcher.zero.distributed.context import DistContext
 from launcher.zero.engine.accessors import EngineAccessors
 from launcher.zero.engine.accumulation import Accumulation
-from launcher.zero.engine.loss_scaler import LossScaler
+from launcher.zero.engine.compiling import compile_engine
+from launcher.zero.data.loader import ROUTES, build_dataloader
+from launcher.zero.engine.estimate import out_of_memory_note
 from launcher.zero.engine.monitor import Monitor
 from launcher.zero.engine.plain_backward import BackwardHooks
-from launcher.zero.engine.precision import PrecisionPolicy, skips_non_finite
 from launcher.zero.engine.reporting import Progress, StepFacts
 from launcher.zero.engine.watch import StepWatch
 from launcher.zero.engine.zero_optimizer import EngineOptimizer, UpdateRecord, handed_out_optimizer, second_step
 from launcher.zero.errors import ConfigError, NotSupportedError
 from launcher.zero.optim.step_factor import factor_in_kernel, fuses_grad_factor
+from launcher.zero.precision.loss_scaler import LossScaler
+from launcher.zero.precision.policy import PrecisionPolicy, skips_non_finite
 from launcher.zero.stages.base import DeviceNorm, ZeroStrategy, grad_factor
 
 
@@ -315,7 +320,6 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         try:
             yield
         except OUT_OF_MEMORY as error:
-            from launcher.zero.engine.estimate import out_of_memory_note
             try:
                 note = out_of_memory_note(self.module, self.zero_config, self.dist_context.world_size,
                                           self.dist_context.local_world_size, self.dist_context.device)
@@ -366,25 +370,22 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         """Collective: every rank writes its shard; returns once the checkpoint is complete.
         ``exclude_frozen_parameters``: the module state leaves out parameters without
         ``requires_grad`` (load such a checkpoint with ``load_module_strict=False``)."""
-        from launcher.zero.checkpoint.save_load import save_checkpoint
-
         self.wait_for_step()
-        return save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {}, save_latest=save_latest,
-                               exclude_frozen_parameters=exclude_frozen_parameters)
+        return save_load.save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {},
+                                         save_latest=save_latest, exclude_frozen_parameters=exclude_frozen_parameters)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True, load_optimizer_states: bool = True,
                         load_lr_scheduler_states: bool = True, load_module_only: bool = False, custom_load_fn=None):
         """Restore a checkpoint (any world size); returns (path, client_state) or (None, None)."""
-        from launcher.zero.checkpoint.save_load import load_checkpoint
-
         if custom_load_fn is not None:
             raise NotSupportedError("load_checkpoint(custom_load_fn=...) is not supported by dslaunch's engine",
                                     hint="leave custom_load_fn out: the engine reads its own checkpoint format "
                                          "at any world size")
         self.wait_for_step()
-        return load_checkpoint(self, load_dir, tag=tag, load_module_strict=load_module_strict,
-                               load_optimizer_states=load_optimizer_states,
-                               load_lr_scheduler_states=load_lr_scheduler_states, load_module_only=load_module_only)
+        return save_load.load_checkpoint(self, load_dir, tag=tag, load_module_strict=load_module_strict,
+                                         load_optimizer_states=load_optimizer_states,
+                                         load_lr_scheduler_states=load_lr_scheduler_states,
+                                         load_module_only=load_module_only)
 
     @property
     def tensor_parallel_size(self) -> int:
@@ -414,8 +415,6 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         """DeepSpeed's loader over ``dataset``: this rank's ``DistributedSampler`` share in micro-batches.
         ``pin_memory`` (default: on a GPU) and ``num_local_io_workers`` (worker processes, default none)
         go to the DataLoader; routes "eval" and "predict" do not shuffle."""
-        from launcher.zero.engine.data import ROUTES, build_dataloader
-
         if route not in ROUTES:
             raise ConfigError(f"deepspeed_io: route {route!r} is not one of {ROUTES}", hint='route="train"')
         return build_dataloader(dataset, self.zero_config, self.dist_context, collate_fn, batch_size=batch_size,
@@ -440,8 +439,6 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
     def compile(self, backend: str = "inductor", compile_kwargs: dict | None = None, schedule=None,
                 compiled_autograd_enabled: bool = False) -> None:
         """torch.compile the module: whole at stages 0-2, per repeated block at stage 3; once."""
-        from launcher.zero.engine.compiling import compile_engine
-
         if self._compiled is None:
             self._compiled = compile_engine(self, backend, compile_kwargs, schedule, compiled_autograd_enabled)
 
@@ -454,9 +451,6 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         global rank 0 holds, as DeepSpeed writes it; under ``mpu=`` that is tensor rank 0's shards,
         and tensor rank t > 0 writes its own beside it as ``model_<t>-<save_filename>`` (the
         checkpoints' prefix), so no shard is lost."""
-        from launcher.zero.checkpoint.format import tensor_prefix
-        from launcher.zero.checkpoint.save_load import job_barrier
-
         self.wait_for_step()
         state = self.strategy.gathered_16bit_state_dict()
         if state is None:  # stage 3 without stage3_gather_16bit_weights_on_model_save, as DeepSpeed
@@ -473,7 +467,7 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
             path = os.path.join(save_dir, name)
             torch.save(state, path + ".partial")
             os.replace(path + ".partial", path)
-        job_barrier(self)   # every rank returns once every file is there to read
+        save_load.job_barrier(self)   # every rank returns once every file is there to read
         return True
 
     save_fp16_model = save_16bit_model   # DeepSpeed's older name

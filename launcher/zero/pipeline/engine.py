@@ -16,14 +16,15 @@ import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 import launcher.zero.progress as rank_progress   # --stall_timeout
+from launcher.zero.checkpoint import pipeline_save_load
 from launcher.zero.distributed.context import DistContext
 from launcher.zero.engine.accessors import ConfigAccessors, RankAccessors
-from launcher.zero.engine.precision import skips_non_finite
 from launcher.zero.errors import ConfigError, NotSupportedError
 from launcher.zero.parallel.grid import ParallelGrid
 from launcher.zero.pipeline.module import PipelineModule
 from launcher.zero.pipeline.p2p import StageLink
 from launcher.zero.pipeline.schedule import BACKWARD, FORWARD, build_schedule
+from launcher.zero.precision.policy import skips_non_finite
 from launcher.zero.stages.base import grad_factor
 
 
@@ -122,11 +123,10 @@ class PipelineEngine(ConfigAccessors, RankAccessors):
 
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
                         exclude_frozen_parameters: bool = False) -> str:
-        """Collective: every stage's layers and optimizer under ``save_dir/<tag>`` (pipeline/checkpoint.py).
+        """Collective: every stage's layers and optimizer under ``save_dir/<tag>`` (checkpoint/pipeline_save_load.py).
         ``save_latest=False`` leaves ``latest`` as it was; ``exclude_frozen_parameters`` leaves the
         parameters without ``requires_grad`` out of the layer files (load with ``load_module_strict=False``)."""
-        from launcher.zero.pipeline.checkpoint import save
-        return save(self, save_dir, tag, client_state, save_latest=save_latest,
+        return pipeline_save_load.save(self, save_dir, tag, client_state, save_latest=save_latest,
                     exclude_frozen_parameters=exclude_frozen_parameters)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True, load_optimizer_states: bool = True,
@@ -134,12 +134,10 @@ class PipelineEngine(ConfigAccessors, RankAccessors):
         """Returns ``(tag folder, client_state)``, or ``(None, None)`` when there is no checkpoint.
         ``load_module_only``: the weights alone; ``load_optimizer_states=False``: all but the optimizer
         state (the scheduler and the step counters too, as DeepSpeed), also at another pipeline layout."""
-        from launcher.zero.pipeline.checkpoint import load
-
         if custom_load_fn is not None:   # DeepSpeed's pipeline engine does not take one either
             raise NotSupportedError("load_checkpoint(custom_load_fn=...) is not supported with pipeline parallelism",
                                     hint="leave custom_load_fn out: each stage loads its own layer files")
-        return load(self, load_dir, tag, load_module_strict, load_optimizer_states, load_lr_scheduler_states,
+        return pipeline_save_load.load(self, load_dir, tag, load_module_strict, load_optimizer_states, load_lr_scheduler_states,
                     load_module_only)
 
     # ---- ties ---------------------------------------------------------------------------

@@ -66,7 +66,7 @@ from launcher.zero.errors import ConfigError
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.zero.config.load import ZeroConfig
     from launcher.zero.distributed.context import DistContext
-    from launcher.zero.engine.precision import PrecisionPolicy
+    from launcher.zero.precision.policy import PrecisionPolicy
 
 
 @dataclass(frozen=True)

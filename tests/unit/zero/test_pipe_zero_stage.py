@@ -7,7 +7,7 @@ from launcher.zero.errors import ConfigError
 from launcher.zero.pipe import LayerSpec, PipelineModule
 from launcher.zero.config.load import load_config
 from launcher.zero.distributed.context import DistContext
-from launcher.zero.engine.precision import precision_policy
+from launcher.zero.precision.policy import precision_policy
 from launcher.zero.pipeline.shard import OptimizerShard
 from launcher.zero.stages.base import StrategyContext
 

@@ -12,22 +12,26 @@ import torch
 import torch.distributed as dist
 
 import launcher.zero.progress as rank_progress   # --stall_timeout
-from launcher.zero.engine import failure
+from launcher.zero.assembly.initialize_pipeline import initialize_pipeline
 from launcher.zero.config.checks import check_optimizer_section, check_scheduler_section
 from launcher.zero.config.load import load_config, no_effect_notes
 from launcher.zero.distributed.context import DistContext, context_from_group, init_distributed
+from launcher.zero.data.loader import build_dataloader
+from launcher.zero.engine.monitor import Monitor, ready_line
+from launcher.zero.engine.watch import StepWatch
 from launcher.zero.engine.zero_engine import EngineParts, TensorParallelInfo, ZeroEngine
 from launcher.zero.errors import ConfigError
 from launcher.zero.experts.param_groups import configure_moe_param_groups
 from launcher.zero.experts.wiring import check_param_groups, refuse_in_pipeline, set_up_experts
-from launcher.zero.engine.loss_scaler import LossScaler, rules_from_config
-from launcher.zero.engine.monitor import Monitor, ready_line
-from launcher.zero.engine.watch import StepWatch
+from launcher.zero.failure import install_from_env
 from launcher.zero.optim import build_optimizer, check_zero_support
 from launcher.zero.parallel.topology import check_autotp_size
-from launcher.zero.engine.precision import precision_policy
+from launcher.zero.pipeline.module import PipelineModule
+from launcher.zero.precision.loss_scaler import LossScaler, rules_from_config
+from launcher.zero.precision.policy import precision_policy
 from launcher.zero.sched import build_scheduler
 from launcher.zero.stages.base import StrategyContext, resolve_strategy
+from launcher.zero.stages.tensor_parallel_norm import sharded_parameter_names, with_tensor_parallel_norm
 
 
 def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, model_parameters=None,
@@ -46,13 +50,11 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     ``process_group``: run on this group instead of starting torch.distributed from the env.
     """
     environ = dict(os.environ)   # the rank's environment, read once here and passed on
-    failure.install_from_env(environ)
+    install_from_env(environ)
     if model is None:
         raise ConfigError("zero.initialize: model is required", hint="zero.initialize(model=model, config=...)")
     source = _config_source(config, config_params, args, environ.get("DSLAUNCH_CONFIG"))
-    if _is_pipeline(model):
-        from launcher.zero.pipeline.build import initialize_pipeline
-
+    if isinstance(model, PipelineModule):
         refuse_in_pipeline(model)
         world = init_distributed(env=environ)   # the PipelineModule's group; this process's local rank, device
         return _ready_for_stall_watch(initialize_pipeline(model, optimizer, lr_scheduler, source, training_data,
@@ -108,8 +110,6 @@ def _strategy_class(cfg, mpu, model) -> type:
     """The stage's strategy; under tensor parallelism (``mpu``) one whose norm spans the tensor axis."""
     strategy_cls = resolve_strategy(cfg.zero_stage, offload=cfg.zero_optimization.offload_optimizer_active)
     if mpu is not None and mpu.get_model_parallel_world_size() > 1:
-        from launcher.zero.parallel.norm import sharded_parameter_names, with_tensor_parallel_norm
-
         strategy_cls = with_tensor_parallel_norm(strategy_cls, mpu.get_model_parallel_group(),
                                                  sharded_parameter_names(model))
     return strategy_cls
@@ -126,8 +126,6 @@ def _monitor(cfg, rank: int) -> Monitor:
 def _dataloader(training_data, cfg, dist_context: DistContext, collate_fn):
     if training_data is None:
         return None
-    from launcher.zero.engine.data import build_dataloader
-
     return build_dataloader(training_data, cfg, dist_context, collate_fn)
 
 
@@ -197,12 +195,6 @@ def _data_parallel_context(mpu, world: DistContext) -> DistContext:
                                "e.g. launcher.zero.parallel.ParallelGrid(topology)")
     return context_from_group(mpu.get_data_parallel_group(), device=world.device, local_rank=world.local_rank,
                               local_world_size=world.local_world_size)
-
-
-def _is_pipeline(model) -> bool:
-    from launcher.zero.pipeline.module import PipelineModule
-
-    return isinstance(model, PipelineModule)
 
 
 def _config_source(config, config_params, args, launcher_config: str | None) -> Any:

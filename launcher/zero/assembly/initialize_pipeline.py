@@ -9,8 +9,8 @@ import torch
 
 from launcher.zero.config.load import load_config
 from launcher.zero.distributed.context import DistContext, context_from_group
-from launcher.zero.errors import ConfigError
-from launcher.zero.engine.loss_scaler import LossScaler, rules_from_config
+from launcher.zero.data.loader import EngineDataLoader, EngineSampler, RepeatingLoader
+from launcher.zero.errors import ConfigError, NotSupportedError
 from launcher.zero.optim import build_optimizer
 from launcher.zero.parallel.grid import ParallelGrid
 from launcher.zero.parallel.topology import check_autotp_size
@@ -18,7 +18,8 @@ from launcher.zero.pipeline.engine import PipelineEngine
 from launcher.zero.pipeline.module import PipelineModule
 from launcher.zero.pipeline.schedule import SCHEDULES, build_schedule
 from launcher.zero.pipeline.shard import GradHolder, OptimizerShard, check_shardable
-from launcher.zero.engine.precision import precision_policy
+from launcher.zero.precision.loss_scaler import LossScaler, rules_from_config
+from launcher.zero.precision.policy import precision_policy
 from launcher.zero.sched import build_scheduler
 from launcher.zero.stages.base import StrategyContext
 
@@ -81,8 +82,6 @@ def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source,
 def _dataloader(engine: PipelineEngine, training_data, cfg, collate_fn):
     """DeepSpeed's pipeline loader: the data ranks' DistributedSampler shares without shuffling, repeated
     forever; the loader returned is the one the engine draws from (as DeepSpeed's is)."""
-    from launcher.zero.engine.data import EngineDataLoader, EngineSampler, RepeatingLoader
-
     sampler = EngineSampler(training_data, engine.dp_world_size, engine.grid.get_data_parallel_rank(), shuffle=False)
     dataloader = RepeatingLoader(EngineDataLoader(training_data, cfg.train_micro_batch_size_per_gpu, sampler,
                                                   engine.dp_world_size, collate_fn=collate_fn,
@@ -93,8 +92,6 @@ def _dataloader(engine: PipelineEngine, training_data, cfg, collate_fn):
 
 def _check_supported(cfg) -> None:
     if cfg.compile.enabled:
-        from launcher.zero.errors import NotSupportedError
-
         raise NotSupportedError("compile.enabled with pipeline parallelism is not supported",
                                 hint="remove the compile section (the pipeline engine runs its stages eagerly)")
     if cfg.zero_stage > 1:
