@@ -126,7 +126,36 @@ class RankAccessors:
         return self.dist_context.world_size
 
 
-class EngineAccessors(ConfigAccessors, RankAccessors):
+class StepCounterAccessors:
+    """DeepSpeed's counters, for both engines: views of ``counters`` (engine/optimizer_step.py's
+    StepCounters, which only the step and a checkpoint load write)."""
+
+    @property
+    def global_steps(self) -> int:
+        return self.counters.global_steps
+
+    @global_steps.setter
+    def global_steps(self, value: int) -> None:
+        self.counters.global_steps = value
+
+    @property
+    def global_samples(self) -> int:
+        return self.counters.global_samples
+
+    @global_samples.setter
+    def global_samples(self, value: int) -> None:
+        self.counters.global_samples = value
+
+    @property
+    def skipped_steps(self) -> int:
+        return self.counters.skipped_steps
+
+    @skipped_steps.setter
+    def skipped_steps(self, value: int) -> None:
+        self.counters.skipped_steps = value
+
+
+class EngineAccessors(ConfigAccessors, RankAccessors, StepCounterAccessors):
     """The data-parallel engine's views of its ranks, strategy and precision, besides ConfigAccessors."""
 
     def memory_breakdown(self) -> dict[str, int]:

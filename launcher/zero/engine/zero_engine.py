@@ -2,9 +2,10 @@
 
 A script calls ``engine(batch)``, ``engine.backward(loss)`` and ``engine.step()`` on every
 micro-step. ``step()`` updates the model only on an accumulation boundary (accumulation.py);
-that update is ``_take_model_step``: the optimizer update (``update_parameters``: gradients onto
-the masters, the global norm, skip or unscale-and-clip, the optimizer), then the scheduler. The
-optimizer ``initialize`` hands back (zero_optimizer.py) runs the same ``update_parameters``. Where tensors live and how they move between
+that update is optimizer_step.py's ``take_model_step``, the pipeline engine's too: the optimizer
+update (``update_parameters``: gradients onto the masters, the global norm, skip or
+unscale-and-clip, the optimizer), then the scheduler and the counters. The optimizer
+``initialize`` hands back (zero_optimizer.py) runs the same ``update_parameters``. Where tensors live and how they move between
 ranks is the strategy's job (stages/base.py declares every method the engine calls); what is
 printed and recorded is reporting.py's; checkpoints are checkpoint/save_load.py's.
 """
@@ -31,12 +32,13 @@ from launcher.zero.engine.monitor import Monitor
 from launcher.zero.engine.plain_backward import BackwardHooks
 from launcher.zero.engine.reporting import Progress, StepFacts
 from launcher.zero.engine.watch import StepWatch
+from launcher.zero.engine.optimizer_step import (StepCounters, StepOutcome, StepRules, norm_stays_on_device,
+                                                 take_model_step, update_parameters)
 from launcher.zero.engine.zero_optimizer import EngineOptimizer, UpdateRecord, handed_out_optimizer, second_step
 from launcher.zero.errors import ConfigError, NotSupportedError
-from launcher.zero.optim.step_factor import factor_in_kernel, fuses_grad_factor
 from launcher.zero.precision.loss_scaler import LossScaler
 from launcher.zero.precision.policy import PrecisionPolicy, skips_non_finite
-from launcher.zero.stages.base import DeviceNorm, ZeroStrategy, grad_factor
+from launcher.zero.stages.base import DeviceNorm, ZeroStrategy
 
 
 @dataclass(frozen=True)
@@ -92,9 +94,9 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         self.training_dataloader = parts.dataloader
         self.tensor_parallel = parts.tensor_parallel
         self.watch = parts.watch or StepWatch(parts.config, parts.dist_context, parts.monitor, {})
-        self.global_steps = 0
-        self.global_samples = 0
-        self.skipped_steps = 0
+        self.counters = StepCounters()     # global_steps, global_samples, skipped_steps (StepCounterAccessors)
+        self._step_rules = StepRules(skips_non_finite=skips_non_finite(self.precision.param_dtype, self.zero_config),
+                                     clip=self.zero_config.gradient_clipping, device=self.dist_context.device)
         self.accumulation = Accumulation(self.zero_config.gradient_accumulation_steps,
                                          self.zero_config.managed_gradient_accumulation)
         self._step_applied = False
@@ -222,40 +224,31 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
                                      self.memory_breakdown)
         self.accumulation.advance()
 
-    # ---- the optimizer step, at an accumulation boundary ------------------------------------
+    # ---- the optimizer step, at an accumulation boundary (engine/optimizer_step.py) -------------
     def _take_model_step(self, lr_kwargs: dict | None) -> None:
         if self._update.stepped_by_optimizer:   # DeepSpeed's ZeRO optimizer fails on it too (TypeError)
             raise second_step("engine.step()")
-        if self.update_parameters():
-            if self.lr_scheduler is not None:
-                self.lr_scheduler.step(**(lr_kwargs or {}))
-            self._step_applied = True
-        else:
-            self.skipped_steps += 1
-        self.global_steps += 1
-        self.global_samples += self.train_batch_size()
+        outcome = take_model_step(self.strategy, self.basic_optimizer, self.loss_scaler, self.lr_scheduler,
+                                  self._step_rules, self.counters, self.train_batch_size(), lr_kwargs, self.monitor.log)
+        self._record(outcome)
+        self._step_applied = outcome.applied
 
     def update_parameters(self) -> bool:
-        """The optimizer update of one step, what DeepSpeed's ZeRO optimizer ``step()`` does: the
-        gradients onto the masters, the global norm, then either skip (non-finite gradients; the
-        fp16 scale drops) or unscale-and-clip, the client optimizer, the masters into the model.
-        The gradients are dropped either way. True when the update was applied."""
-        strategy = self.strategy
-        strategy.wait_for_step()             # the previous step's background update (overlap_step)
-        strategy.prepare_master_grads()      # masters get fp32 grads, averaged over ranks, times the loss scale
-        scale = self.get_loss_scale()
-        norm = self._global_norm(scale)      # unscaled; inf when any gradient is; maybe still on the device
-        self._update.overflow = self._skips_non_finite and norm == float("inf")
-        if self._update.overflow:
-            self._skip_step(scale)
-            strategy.zero_grad()
-            return False
-        # DeepSpeed fuses unscaling and clipping: grads /= scale * max(1, (norm + 1e-6) / clip)
-        self._unscale_clip_and_step(grad_factor(norm, scale, self.zero_config.gradient_clipping))
-        if self.loss_scaler is not None:
-            self.loss_scaler.update(False)
-        self._global_grad_norm = norm
-        return True
+        """The optimizer update of one step without the scheduler or the counters, what DeepSpeed's
+        ZeRO optimizer ``step()`` does (the optimizer ``initialize`` hands out calls it). True when
+        the update was applied."""
+        outcome = update_parameters(self.strategy, self.basic_optimizer, self.loss_scaler, self._step_rules,
+                                    self.global_steps, self.monitor.log)
+        self._record(outcome)
+        return outcome.applied
+
+    def _norm_may_stay_on_device(self) -> bool:
+        """Whether this step needs no host sync (optimizer_step.norm_stays_on_device)."""
+        return norm_stays_on_device(self.strategy, self._step_rules)
+
+    def _record(self, outcome: StepOutcome) -> None:
+        self._update.overflow = not outcome.applied
+        self._global_grad_norm = outcome.norm
 
     def apply_gradients_unclipped(self) -> None:
         """Stage 0 in fp32: the client optimizer's own ``step()`` as DeepSpeed hands it back: the
@@ -264,55 +257,6 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         self.strategy.prepare_master_grads()
         self.basic_optimizer.step()
         self.strategy.after_optimizer_step()
-
-    def _unscale_clip_and_step(self, factor: float | torch.Tensor) -> None:
-        """Multiply the master grads by the step's ``factor``, step the optimizer, and bring the
-        masters to the model. torch's fused Adam/AdamW applies the factor as its kernel reads
-        each gradient (optim/step_factor.py says when); any other optimizer gets the master
-        grads multiplied in a pass of their own first."""
-        strategy = self.strategy
-        optimizer = self.basic_optimizer
-        if fuses_grad_factor(optimizer, strategy.masters_on_device):
-            with factor_in_kernel(optimizer, factor, self.dist_context.device):
-                optimizer.step()
-        else:
-            strategy.scale_master_grads(factor)
-            if strategy.step_in_background(optimizer):   # overlap_step runs the rest itself
-                return
-            optimizer.step()
-        strategy.after_optimizer_step()   # masters -> model parameters (all-gathered when partitioned)
-        strategy.zero_grad()
-
-    @property
-    def _skips_non_finite(self) -> bool:
-        """Whether an inf/NaN gradient skips the step (precision.skips_non_finite, the one rule)."""
-        return skips_non_finite(self.precision.param_dtype, self.zero_config)
-
-    def _norm_may_stay_on_device(self) -> bool:
-        """Whether this step needs no host sync: nothing decides on the norm (no skip rule, no loss
-        scaler) and the optimizer takes its gradients on the device (an offloaded CPU Adam needs
-        the factor as a number)."""
-        return not self._skips_non_finite and self.strategy.masters_on_device
-
-    def _global_norm(self, scale: float) -> float | DeviceNorm:
-        """The global gradient norm, divided by the loss scale; inf when any gradient is not finite.
-        A DeviceNorm (no host sync) where nothing reads it before the optimizer steps."""
-        if self._norm_may_stay_on_device():
-            total = self.strategy.grad_square_sum()
-            if total is not None:            # None: a norm over two axes (tensor parallelism)
-                return DeviceNorm(total)
-        stats = self.strategy.grad_norm_and_overflow()
-        return float("inf") if stats.overflow else stats.norm / scale
-
-    def _skip_step(self, scale: float) -> None:
-        self._global_grad_norm = None
-        if self.loss_scaler is not None:
-            self.monitor.log(f"OVERFLOW! Skipping step {self.global_steps + 1}. Attempted loss scale: {scale:g}")
-            self.loss_scaler.update(True)
-            if self.loss_scaler.rules.dynamic:
-                self.monitor.log(f"Reducing loss scale to {self.loss_scaler.scale:g}")
-        else:
-            self.monitor.log(f"non-finite gradients (inf/NaN) at step {self.global_steps + 1}: step skipped")
 
     @contextlib.contextmanager
     def _explain_out_of_memory(self):

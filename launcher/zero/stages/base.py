@@ -1,7 +1,7 @@
 """The ZeRO stage as a pluggable strategy: the protocol every stage implements, and its registry.
 
-The engine (engine/zero_engine.py) owns the training step: micro-step counting, loss scaling, clipping,
-the overflow decision, the scheduler and checkpoints. A strategy owns *where tensors live and
+The engines own the training step: micro-step counting, loss scaling, checkpoints; the optimizer
+step (clipping, the overflow decision, the scheduler) is engine/optimizer_step.py's, for both. A strategy owns *where tensors live and
 how gradients and parameters move between ranks*. The engine talks to a strategy only through
 the methods below, always in this order:
 
