@@ -85,8 +85,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
                                     dist_context=dist_context, precision=precision, strategy=strategy,
                                     loss_scaler=scaler, monitor=monitor, dataloader=dataloader,
                                     tensor_parallel=tensor_info or TensorParallelInfo(),
-                                    watch=StepWatch(cfg, dist_context, monitor, environ)))
-    engine.experts = experts
+                                    watch=StepWatch(cfg, dist_context, monitor, environ), experts=experts))
     _ready_and_compiled(engine, monitor, param_count)
     return engine, engine.optimizer, dataloader, scheduler
 

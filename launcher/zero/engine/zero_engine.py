@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,6 +36,7 @@ from launcher.zero.engine.optimizer_step import (StepCounters, StepOutcome, Step
                                                  take_model_step, update_parameters)
 from launcher.zero.engine.zero_optimizer import EngineOptimizer, UpdateRecord, handed_out_optimizer, second_step
 from launcher.zero.errors import ConfigError, NotSupportedError
+from launcher.zero.experts.wiring import ExpertSetup
 from launcher.zero.precision.loss_scaler import LossScaler
 from launcher.zero.precision.policy import PrecisionPolicy, skips_non_finite
 from launcher.zero.stages.base import DeviceNorm, ZeroStrategy
@@ -67,6 +68,8 @@ class EngineParts:
     #: under zero.initialize(mpu=...): checkpoint files carry the tensor rank, metadata the partition dims
     tensor_parallel: TensorParallelInfo = TensorParallelInfo()
     watch: StepWatch | None = None      # FLOPs, MFU and the non-finite diagnosis (watch.py)
+    #: MoE: this rank's expert groups and layers (checkpoints name experts by global id); empty without
+    experts: ExpertSetup = field(default_factory=ExpertSetup)
 
 
 class ZeroEngine(EngineAccessors, torch.nn.Module):
@@ -93,6 +96,7 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         self.monitor = parts.monitor
         self.training_dataloader = parts.dataloader
         self.tensor_parallel = parts.tensor_parallel
+        self.experts = parts.experts
         self.watch = parts.watch or StepWatch(parts.config, parts.dist_context, parts.monitor, {})
         self.counters = StepCounters()     # global_steps, global_samples, skipped_steps (StepCounterAccessors)
         self._step_rules = StepRules(skips_non_finite=skips_non_finite(self.precision.param_dtype, self.zero_config),
