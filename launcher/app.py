@@ -151,7 +151,7 @@ def _check_config(options: LaunchOptions, plan: JobPlan):
                                              options.config)
             data_ranks = layout.data   # the batch triplet counts data-parallel ranks
         config = load_config(path, world_size=data_ranks)
-        if pipe > 1 and config.zero_stage > 1:      # the engine refuses it too (launcher/zero/pipeline/build.py)
+        if pipe > 1 and config.zero_stage > 1:      # the engine refuses it too (launcher/zero/assembly/initialize_pipeline.py)
             raise ConfigError(f"zero_optimization.stage {config.zero_stage} with pipeline.stages {pipe} is not "
                               "supported (pipelines run ZeRO stages 0-1 over the data axis, DeepSpeed's limit too)",
                               hint='set "zero_optimization": {"stage": 1}')

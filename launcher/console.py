@@ -77,7 +77,7 @@ def failure_summary(failure: RankExit, lines: int = 10, exits: tuple[RankExit, .
     """
     tail = [line for line in failure.tail if line.strip()]
     engine_error = next((line for line in reversed(tail) if _ENGINE_ERROR.match(line)), None)
-    if engine_error is not None:   # the rank already said it in one line (launcher/zero/engine/failure.py)
+    if engine_error is not None:   # the rank already said it in one line (launcher/zero/failure.py)
         kind = _ENGINE_ERROR.match(engine_error).group(1)
         others = _others(failure, exits) or "; every other rank was stopped"
         return f"{failure.describe()}: the engine stopped it on a {kind} (the message is above){others}"

@@ -9,14 +9,17 @@ optional piece (ZeRO-3, sparse attention, ...) fails only when it is used.
 The house: this root and ``accelerator``, ``comm``, ``checkpointing``, ``zero/``, ``utils/``,
 ``runtime/``, ``ops/``, ``pipe/``, ``moe/``, ``profiling/`` are the DeepSpeed-shaped face (what ``deepspeed.X``
 resolves to under ``--as-deepspeed``; ``shim/paths.py`` lists every such path). They only
-re-export; nothing below imports them. ``errors`` is shared by both. The internals, free to change:
-``engine/`` (initialize, the engine and its step, monitor, failure hook, precision, loss scaler,
-data loader), ``config/`` (load, schema, checks; torch-free), ``distributed/`` (the DistContext,
-collectives, accelerator), ``stages/`` (ZeRO 0-3), ``layout/``, ``optim/``, ``sched/``,
-``checkpoint/``, ``pipeline/``, ``parallel/`` (tensor and sequence parallelism, topologies),
-``activations/`` (activation checkpointing), ``sparse_attention/``, ``flops/`` (FLOPs counting,
-the profiler's report, MFU).
-tests/unit/zero/test_house.py holds these rules.
+re-export; nothing below imports them. ``errors`` is shared by both. The internals, free to change,
+in layers from the top (every import points down; tests/unit/zero/test_engine_layers.py holds the order):
+``assembly/`` (initialize for both engines); ``pipeline/`` (the pipeline engine); ``engine/`` (the
+data-parallel engine and its step, observers, compile); ``checkpoint/``, ``flops/`` (FLOPs counting,
+the profiler's report, MFU); ``stages/`` (ZeRO 0-3, the strategies); the shared pieces
+``precision/`` (dtypes, the skip rule, the fp16 loss scaler), ``data/`` (the loader), ``experts/``,
+``optim/``, ``layout/``, ``parallel/`` (tensor and sequence parallelism, topologies),
+``activations/`` (activation checkpointing), ``sparse_attention/``; ``distributed/`` (the
+DistContext, collectives, accelerator); ``config/`` (load, schema, checks; torch-free);
+``sched/``; ``failure`` (how an uncaught error ends a rank) and ``progress`` (the stall beat).
+tests/unit/zero/test_house.py holds the face's rules.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ from launcher.zero.shim.paths import DEEPSPEED_VERSION as __version__  # the Dee
 
 # name -> (module, attribute or None for the module itself)
 _LAZY = {
-    "initialize": ("launcher.zero.engine.initialize", "initialize"),
+    "initialize": ("launcher.zero.assembly.initialize", "initialize"),
     "init_distributed": ("launcher.zero.comm", "init_distributed"),
     "add_config_arguments": ("launcher.zero.config.args", "add_config_arguments"),
     "ZeroEngine": ("launcher.zero.engine.zero_engine", "ZeroEngine"),

@@ -18,6 +18,7 @@ import time
 import torch
 import torch.utils.checkpoint
 
+from launcher.zero.config.load import load_config
 from launcher.zero.errors import ConfigError
 
 
@@ -48,8 +49,6 @@ _profile = {"calls": 0, "forward_seconds": 0.0}
 
 def options_from_config(deepspeed_config) -> dict:
     """The `activation_checkpointing` section of a config (dict, path or parsed) as option fields."""
-    from launcher.zero.config.load import load_config
-
     section = load_config(deepspeed_config, passed_to="checkpointing.configure").activation_checkpointing
     return {field: getattr(section, key) for key, field in _CONFIG_KEYS.items()}
 

@@ -31,7 +31,7 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None, exclude_f
     path = fmt.tag_dir(checkpoint_dir, resolved)
     metadata = fmt.read_metadata(path)
     if metadata.get("kind") == "pipeline":   # a pipeline / 3D checkpoint: per-layer files, tensor shards joined
-        from launcher.zero.pipeline.checkpoint import consolidate
+        from launcher.zero.checkpoint.pipeline_save_load import consolidate   # imports torch: not for --help
 
         return OrderedDict(consolidate(path, metadata))
     tensor = metadata.get("tensor_parallel")

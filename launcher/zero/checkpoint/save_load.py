@@ -142,7 +142,7 @@ def _model_states(engine, module_state, client_state) -> dict:
 
 def _data_position(engine):
     """Where the engine's own loader stands in its pass (None without ``training_data``)."""
-    position = getattr(getattr(engine, "training_dataloader", None), "position", None)
+    position = getattr(engine.training_dataloader, "position", None)
     return position() if position is not None else None
 
 
@@ -156,7 +156,7 @@ def _metadata(engine, listings) -> dict:
         canonical[id(param)] = name
         if param.requires_grad:   # MoE: every global expert's entry (data rank 0 holds the first ones)
             params += every_expert_entry({"name": name, "shape": list(_full_shape(engine, name, param)),
-                                          "numel": _numel(engine, name, param)}, getattr(engine, "experts", None))
+                                          "numel": _numel(engine, name, param)}, engine.experts)
         else:
             frozen.append(name)
     metadata = {"format": fmt.FORMAT_VERSION, "world_size": engine.dist_context.world_size,
@@ -246,7 +246,7 @@ def _check_params(engine, metadata, strict: bool) -> None:
     current = {}
     for name, param in engine.module.named_parameters():
         if param.requires_grad:
-            current[global_expert_name(name, getattr(engine, "experts", None))] = _full_shape(engine, name, param)
+            current[global_expert_name(name, engine.experts)] = _full_shape(engine, name, param)
     missing = sorted(set(current) - set(saved))
     wrong = sorted(n for n in set(current) & set(saved) if current[n] != saved[n])
     if wrong:
@@ -306,7 +306,7 @@ def _restore_training_state(engine, path, states, metadata, shards, load_optimiz
         # another world size, the same train_batch_size: accumulation changed, so the micro-step count
         # restarts on this world's boundaries (checkpoints are taken on a boundary)
         engine.micro_steps = engine.global_steps * engine.gradient_accumulation_steps()
-    loader = getattr(engine, "training_dataloader", None)
+    loader = engine.training_dataloader
     if hasattr(loader, "resume") and states.get("data_position") is not None:
         loader.resume(states["data_position"])  # the engine's own loader continues the checkpointed pass
     if metadata["world_size"] == engine.dist_context.world_size:  # RNG streams are per rank
@@ -322,10 +322,9 @@ def _restore_training_state(engine, path, states, metadata, shards, load_optimiz
 def _global_names(engine, fragments) -> list:
     """MoE: fragments of expert parameters named by global expert id (one name per expert whichever
     rank holds it, so a checkpoint resumes at another world size and joins into one state dict)."""
-    experts = getattr(engine, "experts", None)
-    if not experts:
+    if not engine.experts:
         return fragments
-    return [dataclasses.replace(f, name=global_expert_name(f.name, experts)) for f in fragments]
+    return [dataclasses.replace(f, name=global_expert_name(f.name, engine.experts)) for f in fragments]
 
 
 def _rng_state() -> dict:

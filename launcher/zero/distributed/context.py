@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.zero.errors import DistributedSetupError
+from launcher.zero.failure import install_from_env
 
 try:
     # Imported here, before any process group exists, on purpose. This module binds
@@ -73,9 +74,7 @@ def init_distributed(backend: str | None = None, env: Mapping[str, str] | None =
     group on a free local port, so that every code path is the same.
     """
     env = os.environ if env is None else env
-    from launcher.zero.engine import failure
-
-    failure.install_from_env(env)   # deepspeed.init_distributed is an entry point of its own
+    install_from_env(env)   # deepspeed.init_distributed is an entry point of its own
     local_rank = int(env.get("LOCAL_RANK", "0") or 0)
     local_world_size = int(env.get("LOCAL_WORLD_SIZE", "1") or 1)
     use_cuda = torch.cuda.is_available() and (backend in (None, "nccl"))

@@ -11,6 +11,8 @@ from datetime import timedelta
 import torch.distributed as _dist
 from torch.distributed import ReduceOp  # noqa: F401  (deepspeed.comm.ReduceOp)
 
+from launcher.zero.distributed.context import init_distributed as start
+
 def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool = True,
                      distributed_port: int = 29500, verbose: bool = True, timeout: timedelta | None = None,
                      init_method: str | None = None, dist_init_required: bool | None = None, config=None,
@@ -21,8 +23,6 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
     are for DeepSpeed's own launch paths: dslaunch sets RANK, WORLD_SIZE, MASTER_ADDR and
     MASTER_PORT for every rank, and those are what is used.
     """
-    from launcher.zero.distributed.context import init_distributed as start
-
     timeout_s = timeout.total_seconds() if timeout is not None else 1800.0
     return start(backend=dist_backend or backend, timeout_s=timeout_s)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from launcher.zero.checkpoint.tensors import clone_tensors_for_torch_save
+
 
 class ConfigAccessors:
     """What both engines (this one and the pipeline's) answer from ``config``, ``optimizer`` and
@@ -90,8 +92,6 @@ class ConfigAccessors:
     def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False) -> dict | None:
         """The whole model's state dict in its training dtype, on the CPU on rank 0 and None elsewhere;
         collective. DeepSpeed's name: accelerate's ``get_state_dict`` calls it at stage 3."""
-        from launcher.zero.checkpoint.tensors import clone_tensors_for_torch_save
-
         state = self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
         return clone_tensors_for_torch_save(state) if self.dist_context.rank == 0 else None
 
@@ -126,7 +126,36 @@ class RankAccessors:
         return self.dist_context.world_size
 
 
-class EngineAccessors(ConfigAccessors, RankAccessors):
+class StepCounterAccessors:
+    """DeepSpeed's counters, for both engines: views of ``counters`` (engine/optimizer_step.py's
+    StepCounters, which only the step and a checkpoint load write)."""
+
+    @property
+    def global_steps(self) -> int:
+        return self.counters.global_steps
+
+    @global_steps.setter
+    def global_steps(self, value: int) -> None:
+        self.counters.global_steps = value
+
+    @property
+    def global_samples(self) -> int:
+        return self.counters.global_samples
+
+    @global_samples.setter
+    def global_samples(self, value: int) -> None:
+        self.counters.global_samples = value
+
+    @property
+    def skipped_steps(self) -> int:
+        return self.counters.skipped_steps
+
+    @skipped_steps.setter
+    def skipped_steps(self, value: int) -> None:
+        self.counters.skipped_steps = value
+
+
+class EngineAccessors(ConfigAccessors, RankAccessors, StepCounterAccessors):
     """The data-parallel engine's views of its ranks, strategy and precision, besides ConfigAccessors."""
 
     def memory_breakdown(self) -> dict[str, int]:

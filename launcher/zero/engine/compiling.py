@@ -137,7 +137,7 @@ def compile_regions(module: torch.nn.Module, settings: CompileSettings, blocks_n
 def compile_for_strategy(module: torch.nn.Module, strategy, settings: CompileSettings) -> Compiled:
     """``engine.compile()``'s work: per block where the strategy gathers parameters in hooks
     (it then takes the blocks as units, ``strategy.compile_units``), else as ``settings`` say."""
-    units = getattr(strategy, "compile_units", None)
+    units = strategy.compile_units
     return compile_regions(module, settings, blocks_needed=units is not None, before_compile=units)
 
 

@@ -9,6 +9,8 @@ import sys
 import time
 from typing import TextIO
 
+from launcher.zero.engine.metric_services import open_services
+
 
 class PhaseTimer:
     """Accumulates wall-clock seconds per phase (forward, backward, step) between reports."""
@@ -111,7 +113,6 @@ class Monitor:
             else:
                 path = os.path.join(config.tensorboard.output_path or "runs", config.tensorboard.job_name)
                 self._guarded("tensorboard", "open", self._open_tensorboard, SummaryWriter, path)
-        from launcher.zero.engine.metric_services import open_services
         self.services = open_services(config, self.warn)
 
     def _open_tensorboard(self, writer_class, path: str) -> None:

@@ -38,6 +38,7 @@ class StepWatch:
         self.dist_context = dist_context
         self.monitor = monitor
         self.rank = dist_context.rank
+        self._profiling_step = False   # the FLOPs profile is being taken this step
         device = dist_context.device
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
         self.peak = peak_tflops(environ, name) if self.rank == 0 else None
@@ -131,7 +132,7 @@ class StepWatch:
                                       "or check the named layer") from None
 
     def after_step(self, engine) -> None:
-        if getattr(self, "_profiling_step", False):
+        if self._profiling_step:
             self._profiling_step = False
             self._sync()
             self._times["step"] = time.perf_counter() - self._began

@@ -2,9 +2,10 @@
 
 A script calls ``engine(batch)``, ``engine.backward(loss)`` and ``engine.step()`` on every
 micro-step. ``step()`` updates the model only on an accumulation boundary (accumulation.py);
-that update is ``_take_model_step``: the optimizer update (``update_parameters``: gradients onto
-the masters, the global norm, skip or unscale-and-clip, the optimizer), then the scheduler. The
-optimizer ``initialize`` hands back (zero_optimizer.py) runs the same ``update_parameters``. Where tensors live and how they move between
+that update is optimizer_step.py's ``take_model_step``, the pipeline engine's too: the optimizer
+update (``update_parameters``: gradients onto the masters, the global norm, skip or
+unscale-and-clip, the optimizer), then the scheduler and the counters. The optimizer
+``initialize`` hands back (zero_optimizer.py) runs the same ``update_parameters``. Where tensors live and how they move between
 ranks is the strategy's job (stages/base.py declares every method the engine calls); what is
 printed and recorded is reporting.py's; checkpoints are checkpoint/save_load.py's.
 """
@@ -12,26 +13,33 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 import launcher.zero.progress as rank_progress   # --stall_timeout
+from launcher.zero.checkpoint import save_load
+from launcher.zero.checkpoint.format import tensor_prefix
 from launcher.zero.config.schema import ZeroConfig
 from launcher.zero.distributed.context import DistContext
 from launcher.zero.engine.accessors import EngineAccessors
 from launcher.zero.engine.accumulation import Accumulation
-from launcher.zero.engine.loss_scaler import LossScaler
+from launcher.zero.engine.compiling import compile_engine
+from launcher.zero.data.loader import ROUTES, build_dataloader
+from launcher.zero.engine.estimate import out_of_memory_note
 from launcher.zero.engine.monitor import Monitor
 from launcher.zero.engine.plain_backward import BackwardHooks
-from launcher.zero.engine.precision import PrecisionPolicy, skips_non_finite
 from launcher.zero.engine.reporting import Progress, StepFacts
 from launcher.zero.engine.watch import StepWatch
+from launcher.zero.engine.optimizer_step import (StepCounters, StepOutcome, StepRules, norm_stays_on_device,
+                                                 take_model_step, update_parameters)
 from launcher.zero.engine.zero_optimizer import EngineOptimizer, UpdateRecord, handed_out_optimizer, second_step
 from launcher.zero.errors import ConfigError, NotSupportedError
-from launcher.zero.optim.step_factor import factor_in_kernel, fuses_grad_factor
-from launcher.zero.stages.base import DeviceNorm, ZeroStrategy, grad_factor
+from launcher.zero.experts.wiring import ExpertSetup
+from launcher.zero.precision.loss_scaler import LossScaler
+from launcher.zero.precision.policy import PrecisionPolicy, skips_non_finite
+from launcher.zero.stages.base import DeviceNorm, ZeroStrategy
 
 
 @dataclass(frozen=True)
@@ -60,6 +68,8 @@ class EngineParts:
     #: under zero.initialize(mpu=...): checkpoint files carry the tensor rank, metadata the partition dims
     tensor_parallel: TensorParallelInfo = TensorParallelInfo()
     watch: StepWatch | None = None      # FLOPs, MFU and the non-finite diagnosis (watch.py)
+    #: MoE: this rank's expert groups and layers (checkpoints name experts by global id); empty without
+    experts: ExpertSetup = field(default_factory=ExpertSetup)
 
 
 class ZeroEngine(EngineAccessors, torch.nn.Module):
@@ -86,10 +96,11 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         self.monitor = parts.monitor
         self.training_dataloader = parts.dataloader
         self.tensor_parallel = parts.tensor_parallel
+        self.experts = parts.experts
         self.watch = parts.watch or StepWatch(parts.config, parts.dist_context, parts.monitor, {})
-        self.global_steps = 0
-        self.global_samples = 0
-        self.skipped_steps = 0
+        self.counters = StepCounters()     # global_steps, global_samples, skipped_steps (StepCounterAccessors)
+        self._step_rules = StepRules(skips_non_finite=skips_non_finite(self.precision.param_dtype, self.zero_config),
+                                     clip=self.zero_config.gradient_clipping, device=self.dist_context.device)
         self.accumulation = Accumulation(self.zero_config.gradient_accumulation_steps,
                                          self.zero_config.managed_gradient_accumulation)
         self._step_applied = False
@@ -217,40 +228,31 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
                                      self.memory_breakdown)
         self.accumulation.advance()
 
-    # ---- the optimizer step, at an accumulation boundary ------------------------------------
+    # ---- the optimizer step, at an accumulation boundary (engine/optimizer_step.py) -------------
     def _take_model_step(self, lr_kwargs: dict | None) -> None:
         if self._update.stepped_by_optimizer:   # DeepSpeed's ZeRO optimizer fails on it too (TypeError)
             raise second_step("engine.step()")
-        if self.update_parameters():
-            if self.lr_scheduler is not None:
-                self.lr_scheduler.step(**(lr_kwargs or {}))
-            self._step_applied = True
-        else:
-            self.skipped_steps += 1
-        self.global_steps += 1
-        self.global_samples += self.train_batch_size()
+        outcome = take_model_step(self.strategy, self.basic_optimizer, self.loss_scaler, self.lr_scheduler,
+                                  self._step_rules, self.counters, self.train_batch_size(), lr_kwargs, self.monitor.log)
+        self._record(outcome)
+        self._step_applied = outcome.applied
 
     def update_parameters(self) -> bool:
-        """The optimizer update of one step, what DeepSpeed's ZeRO optimizer ``step()`` does: the
-        gradients onto the masters, the global norm, then either skip (non-finite gradients; the
-        fp16 scale drops) or unscale-and-clip, the client optimizer, the masters into the model.
-        The gradients are dropped either way. True when the update was applied."""
-        strategy = self.strategy
-        strategy.wait_for_step()             # the previous step's background update (overlap_step)
-        strategy.prepare_master_grads()      # masters get fp32 grads, averaged over ranks, times the loss scale
-        scale = self.get_loss_scale()
-        norm = self._global_norm(scale)      # unscaled; inf when any gradient is; maybe still on the device
-        self._update.overflow = self._skips_non_finite and norm == float("inf")
-        if self._update.overflow:
-            self._skip_step(scale)
-            strategy.zero_grad()
-            return False
-        # DeepSpeed fuses unscaling and clipping: grads /= scale * max(1, (norm + 1e-6) / clip)
-        self._unscale_clip_and_step(grad_factor(norm, scale, self.zero_config.gradient_clipping))
-        if self.loss_scaler is not None:
-            self.loss_scaler.update(False)
-        self._global_grad_norm = norm
-        return True
+        """The optimizer update of one step without the scheduler or the counters, what DeepSpeed's
+        ZeRO optimizer ``step()`` does (the optimizer ``initialize`` hands out calls it). True when
+        the update was applied."""
+        outcome = update_parameters(self.strategy, self.basic_optimizer, self.loss_scaler, self._step_rules,
+                                    self.global_steps, self.monitor.log)
+        self._record(outcome)
+        return outcome.applied
+
+    def _norm_may_stay_on_device(self) -> bool:
+        """Whether this step needs no host sync (optimizer_step.norm_stays_on_device)."""
+        return norm_stays_on_device(self.strategy, self._step_rules)
+
+    def _record(self, outcome: StepOutcome) -> None:
+        self._update.overflow = not outcome.applied
+        self._global_grad_norm = outcome.norm
 
     def apply_gradients_unclipped(self) -> None:
         """Stage 0 in fp32: the client optimizer's own ``step()`` as DeepSpeed hands it back: the
@@ -260,62 +262,12 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         self.basic_optimizer.step()
         self.strategy.after_optimizer_step()
 
-    def _unscale_clip_and_step(self, factor: float | torch.Tensor) -> None:
-        """Multiply the master grads by the step's ``factor``, step the optimizer, and bring the
-        masters to the model. torch's fused Adam/AdamW applies the factor as its kernel reads
-        each gradient (optim/step_factor.py says when); any other optimizer gets the master
-        grads multiplied in a pass of their own first."""
-        strategy = self.strategy
-        optimizer = self.basic_optimizer
-        if fuses_grad_factor(optimizer, strategy.masters_on_device):
-            with factor_in_kernel(optimizer, factor, self.dist_context.device):
-                optimizer.step()
-        else:
-            strategy.scale_master_grads(factor)
-            if strategy.step_in_background(optimizer):   # overlap_step runs the rest itself
-                return
-            optimizer.step()
-        strategy.after_optimizer_step()   # masters -> model parameters (all-gathered when partitioned)
-        strategy.zero_grad()
-
-    @property
-    def _skips_non_finite(self) -> bool:
-        """Whether an inf/NaN gradient skips the step (precision.skips_non_finite, the one rule)."""
-        return skips_non_finite(self.precision.param_dtype, self.zero_config)
-
-    def _norm_may_stay_on_device(self) -> bool:
-        """Whether this step needs no host sync: nothing decides on the norm (no skip rule, no loss
-        scaler) and the optimizer takes its gradients on the device (an offloaded CPU Adam needs
-        the factor as a number)."""
-        return not self._skips_non_finite and self.strategy.masters_on_device
-
-    def _global_norm(self, scale: float) -> float | DeviceNorm:
-        """The global gradient norm, divided by the loss scale; inf when any gradient is not finite.
-        A DeviceNorm (no host sync) where nothing reads it before the optimizer steps."""
-        if self._norm_may_stay_on_device():
-            total = self.strategy.grad_square_sum()
-            if total is not None:            # None: a norm over two axes (tensor parallelism)
-                return DeviceNorm(total)
-        stats = self.strategy.grad_norm_and_overflow()
-        return float("inf") if stats.overflow else stats.norm / scale
-
-    def _skip_step(self, scale: float) -> None:
-        self._global_grad_norm = None
-        if self.loss_scaler is not None:
-            self.monitor.log(f"OVERFLOW! Skipping step {self.global_steps + 1}. Attempted loss scale: {scale:g}")
-            self.loss_scaler.update(True)
-            if self.loss_scaler.rules.dynamic:
-                self.monitor.log(f"Reducing loss scale to {self.loss_scaler.scale:g}")
-        else:
-            self.monitor.log(f"non-finite gradients (inf/NaN) at step {self.global_steps + 1}: step skipped")
-
     @contextlib.contextmanager
     def _explain_out_of_memory(self):
         """Re-raise an out-of-memory error with the memory estimate and a config that fits."""
         try:
             yield
         except OUT_OF_MEMORY as error:
-            from launcher.zero.engine.estimate import out_of_memory_note
             try:
                 note = out_of_memory_note(self.module, self.zero_config, self.dist_context.world_size,
                                           self.dist_context.local_world_size, self.dist_context.device)
@@ -366,25 +318,22 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         """Collective: every rank writes its shard; returns once the checkpoint is complete.
         ``exclude_frozen_parameters``: the module state leaves out parameters without
         ``requires_grad`` (load such a checkpoint with ``load_module_strict=False``)."""
-        from launcher.zero.checkpoint.save_load import save_checkpoint
-
         self.wait_for_step()
-        return save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {}, save_latest=save_latest,
-                               exclude_frozen_parameters=exclude_frozen_parameters)
+        return save_load.save_checkpoint(self, save_dir, tag=tag, client_state=client_state or {},
+                                         save_latest=save_latest, exclude_frozen_parameters=exclude_frozen_parameters)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True, load_optimizer_states: bool = True,
                         load_lr_scheduler_states: bool = True, load_module_only: bool = False, custom_load_fn=None):
         """Restore a checkpoint (any world size); returns (path, client_state) or (None, None)."""
-        from launcher.zero.checkpoint.save_load import load_checkpoint
-
         if custom_load_fn is not None:
             raise NotSupportedError("load_checkpoint(custom_load_fn=...) is not supported by dslaunch's engine",
                                     hint="leave custom_load_fn out: the engine reads its own checkpoint format "
                                          "at any world size")
         self.wait_for_step()
-        return load_checkpoint(self, load_dir, tag=tag, load_module_strict=load_module_strict,
-                               load_optimizer_states=load_optimizer_states,
-                               load_lr_scheduler_states=load_lr_scheduler_states, load_module_only=load_module_only)
+        return save_load.load_checkpoint(self, load_dir, tag=tag, load_module_strict=load_module_strict,
+                                         load_optimizer_states=load_optimizer_states,
+                                         load_lr_scheduler_states=load_lr_scheduler_states,
+                                         load_module_only=load_module_only)
 
     @property
     def tensor_parallel_size(self) -> int:
@@ -414,8 +363,6 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         """DeepSpeed's loader over ``dataset``: this rank's ``DistributedSampler`` share in micro-batches.
         ``pin_memory`` (default: on a GPU) and ``num_local_io_workers`` (worker processes, default none)
         go to the DataLoader; routes "eval" and "predict" do not shuffle."""
-        from launcher.zero.engine.data import ROUTES, build_dataloader
-
         if route not in ROUTES:
             raise ConfigError(f"deepspeed_io: route {route!r} is not one of {ROUTES}", hint='route="train"')
         return build_dataloader(dataset, self.zero_config, self.dist_context, collate_fn, batch_size=batch_size,
@@ -440,8 +387,6 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
     def compile(self, backend: str = "inductor", compile_kwargs: dict | None = None, schedule=None,
                 compiled_autograd_enabled: bool = False) -> None:
         """torch.compile the module: whole at stages 0-2, per repeated block at stage 3; once."""
-        from launcher.zero.engine.compiling import compile_engine
-
         if self._compiled is None:
             self._compiled = compile_engine(self, backend, compile_kwargs, schedule, compiled_autograd_enabled)
 
@@ -454,9 +399,6 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         global rank 0 holds, as DeepSpeed writes it; under ``mpu=`` that is tensor rank 0's shards,
         and tensor rank t > 0 writes its own beside it as ``model_<t>-<save_filename>`` (the
         checkpoints' prefix), so no shard is lost."""
-        from launcher.zero.checkpoint.format import tensor_prefix
-        from launcher.zero.checkpoint.save_load import job_barrier
-
         self.wait_for_step()
         state = self.strategy.gathered_16bit_state_dict()
         if state is None:  # stage 3 without stage3_gather_16bit_weights_on_model_save, as DeepSpeed
@@ -473,7 +415,7 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
             path = os.path.join(save_dir, name)
             torch.save(state, path + ".partial")
             os.replace(path + ".partial", path)
-        job_barrier(self)   # every rank returns once every file is there to read
+        save_load.job_barrier(self)   # every rank returns once every file is there to read
         return True
 
     save_fp16_model = save_16bit_model   # DeepSpeed's older name

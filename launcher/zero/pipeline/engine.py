@@ -1,10 +1,11 @@
 """The pipeline engine: one ``train_batch`` runs a schedule of micro-batches through the stages.
 
 Per batch: every stage executes its schedule (``schedule.py``) of forwards and backwards, moving
-activations and their gradients with ``p2p.StageLink``; then gradients are averaged over the data
-axis, tied copies summed across their stages, clipped by the one global norm (every stage's
-squares summed, each tied weight counted once) and the optimizer steps. A non-finite gradient on
-any stage skips the step on every rank (by the data-parallel engine's rule, precision.skips_non_finite).
+activations and their gradients with ``p2p.StageLink``; then the data-parallel engine's optimizer
+step (engine/optimizer_step.py) runs over this stage's strategy (stage_strategy.py): gradients
+averaged over the data axis, tied copies summed across their stages, clipped by the one global norm
+(every stage's squares summed, each tied weight counted once), the optimizer. A non-finite gradient
+on any stage skips the step on every rank (precision.policy.skips_non_finite, the one rule).
 """
 from __future__ import annotations
 
@@ -13,21 +14,23 @@ from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 import launcher.zero.progress as rank_progress   # --stall_timeout
+from launcher.zero.checkpoint import pipeline_save_load
 from launcher.zero.distributed.context import DistContext
-from launcher.zero.engine.accessors import ConfigAccessors, RankAccessors
-from launcher.zero.engine.precision import skips_non_finite
+from launcher.zero.engine.accessors import ConfigAccessors, RankAccessors, StepCounterAccessors
+from launcher.zero.engine.optimizer_step import StepCounters, StepRules, take_model_step
 from launcher.zero.errors import ConfigError, NotSupportedError
 from launcher.zero.parallel.grid import ParallelGrid
 from launcher.zero.pipeline.module import PipelineModule
 from launcher.zero.pipeline.p2p import StageLink
 from launcher.zero.pipeline.schedule import BACKWARD, FORWARD, build_schedule
-from launcher.zero.stages.base import grad_factor
+from launcher.zero.pipeline.stage_strategy import PipelineStageStrategy
+from launcher.zero.precision.policy import precision_policy, skips_non_finite
+from launcher.zero.stages.base import StrategyContext
 
 
-class PipelineEngine(ConfigAccessors, RankAccessors):
+class PipelineEngine(ConfigAccessors, RankAccessors, StepCounterAccessors):
     """DeepSpeed's ``PipelineEngine`` surface: ``train_batch``, ``eval_batch``, ``grid``, counters.
 
     ``dist_context``: this rank's data-parallel ranks (the group ZeRO-1 shards over), with the
@@ -56,9 +59,9 @@ class PipelineEngine(ConfigAccessors, RankAccessors):
         self.num_stages = self.grid.pipe_parallel_size
         self.stage_id = self.grid.stage_id
         self.micro_batches = config.gradient_accumulation_steps
-        self.global_steps = 0
-        self.global_samples = 0
-        self.skipped_steps = 0
+        self.counters = StepCounters()     # global_steps, global_samples, skipped_steps (StepCounterAccessors)
+        self._step_rules = StepRules(skips_non_finite=skips_non_finite(self._param_dtype, config),
+                                     clip=config.gradient_clipping, device=dist_context.device)
         self._global_grad_norm: float | None = None
         self._step_applied = False
         self.schedule_timing: dict[str, float] = {}
@@ -71,6 +74,10 @@ class PipelineEngine(ConfigAccessors, RankAccessors):
                           else {FORWARD: None, BACKWARD: None})
         self._tie_groups = self._build_tie_groups()
         self._sync_tied_weights()
+        tied = {key: (ranks, group, self._tied_params(key)) for key, (ranks, group) in self._tie_groups.items()}
+        context = StrategyContext(config=config, dist_context=dist_context, precision=precision_policy(config))
+        self.strategy = PipelineStageStrategy(context, grid, masters, grad_holders, shard, tied)
+        self.strategy.setup(module, optimizer)
         # fp32 masters and the ZeRO-1 slice were taken before the ties were synced: take them again
         if self.masters is not None:
             with torch.no_grad():
@@ -122,11 +129,10 @@ class PipelineEngine(ConfigAccessors, RankAccessors):
 
     def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest: bool = True,
                         exclude_frozen_parameters: bool = False) -> str:
-        """Collective: every stage's layers and optimizer under ``save_dir/<tag>`` (pipeline/checkpoint.py).
+        """Collective: every stage's layers and optimizer under ``save_dir/<tag>`` (checkpoint/pipeline_save_load.py).
         ``save_latest=False`` leaves ``latest`` as it was; ``exclude_frozen_parameters`` leaves the
         parameters without ``requires_grad`` out of the layer files (load with ``load_module_strict=False``)."""
-        from launcher.zero.pipeline.checkpoint import save
-        return save(self, save_dir, tag, client_state, save_latest=save_latest,
+        return pipeline_save_load.save(self, save_dir, tag, client_state, save_latest=save_latest,
                     exclude_frozen_parameters=exclude_frozen_parameters)
 
     def load_checkpoint(self, load_dir, tag=None, load_module_strict: bool = True, load_optimizer_states: bool = True,
@@ -134,12 +140,10 @@ class PipelineEngine(ConfigAccessors, RankAccessors):
         """Returns ``(tag folder, client_state)``, or ``(None, None)`` when there is no checkpoint.
         ``load_module_only``: the weights alone; ``load_optimizer_states=False``: all but the optimizer
         state (the scheduler and the step counters too, as DeepSpeed), also at another pipeline layout."""
-        from launcher.zero.pipeline.checkpoint import load
-
         if custom_load_fn is not None:   # DeepSpeed's pipeline engine does not take one either
             raise NotSupportedError("load_checkpoint(custom_load_fn=...) is not supported with pipeline parallelism",
                                     hint="leave custom_load_fn out: each stage loads its own layer files")
-        return load(self, load_dir, tag, load_module_strict, load_optimizer_states, load_lr_scheduler_states,
+        return pipeline_save_load.load(self, load_dir, tag, load_module_strict, load_optimizer_states, load_lr_scheduler_states,
                     load_module_only)
 
     # ---- ties ---------------------------------------------------------------------------
@@ -275,95 +279,17 @@ class PipelineEngine(ConfigAccessors, RankAccessors):
             self.micro_batches = saved
         return self._mean_loss(losses)
 
-    # ---- the step -----------------------------------------------------------------------
-    def _params(self) -> list[torch.nn.Parameter]:
-        return [p for p in self.module.parameters() if p.requires_grad]
-
+    # ---- the step: the data-parallel engine's own (engine/optimizer_step.py) ----------------
     def _holders(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
         """(parameter, the tensor whose .grad the step uses): the parameter itself, or its fp32 master."""
-        params = self._params()
-        holders = self.masters if self.masters is not None else self.grad_holders
-        return list(zip(params, holders if holders is not None else params))
-
-    def _reduce_gradients(self) -> None:
-        holders = self._holders()
-        for param, holder in holders:
-            grad = param.grad if param.grad is not None else torch.zeros_like(param)
-            if holder is not param:            # 16-bit gradients become fp32 before any sum
-                holder.grad, param.grad = grad.float(), None
-            else:
-                param.grad = grad
-        grads = [holder.grad for _, holder in holders]
-        if self.grid.data_parallel_size > 1 and grads:
-            flat = _flatten_dense_tensors(grads)
-            dist.all_reduce(flat, group=self.grid.get_data_parallel_group())
-            flat /= self.grid.data_parallel_size
-            for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
-                grad.copy_(reduced)
-        holder_of = {id(param): holder for param, holder in holders}
-        for key, (_, group) in self._tie_groups.items():
-            for param in self._tied_params(key):
-                dist.all_reduce(holder_of[id(param)].grad, group=group)
-
-    def _norm_and_overflow(self) -> tuple[float, bool]:
-        """The one global L2 norm over all three axes (times the fp16 loss scale).
-
-        Data replicas hold equal (averaged) gradients, so the data axis is not summed; tensor
-        shards are summed over the tensor group while replicated parameters count once; stages
-        are summed; a tied weight counts once (on its first stage).
-        """
-        skip = {id(p) for key, (ranks, _) in self._tie_groups.items() if ranks[0] != self.global_rank
-                for p in self._tied_params(key)}
-        totals = torch.zeros(3, dtype=torch.float64, device=self.device)   # sharded, replicated, non-finite
-        for param, holder in self._holders():
-            grad = holder.grad.detach()
-            finite = bool(torch.isfinite(grad).all())
-            totals[2] += 0.0 if finite else 1.0
-            if finite and id(param) not in skip:
-                totals[0 if getattr(param, "tensor_model_parallel", False) else 1] += grad.double().pow(2).sum()
-        if self.grid.model_parallel_size > 1:
-            sharded = totals[[0, 2]].clone()
-            dist.all_reduce(sharded, group=self.grid.get_model_parallel_group())
-            totals[0], totals[2] = sharded[0], sharded[1]
-        if self.num_stages > 1:
-            dist.all_reduce(totals, group=self.grid.get_pipe_parallel_group())
-        overflow = bool(totals[2] > 0)
-        return (float("inf") if overflow else float((totals[0] + totals[1]).sqrt())), overflow
+        return self.strategy.holders()
 
     def _step(self) -> None:
-        """The data-parallel engine's step over this stage's gradients: the same skip rule and the
-        same fused unscale-and-clip factor; ZeRO-1 steps this data rank's slice (``shard``)."""
-        self._reduce_gradients()
-        norm, overflow = self._norm_and_overflow()
-        scale = self.get_loss_scale()
-        norm = float("inf") if overflow else norm / scale
-        if overflow and skips_non_finite(self._param_dtype, self.zero_config):
-            self.skipped_steps += 1
-            self._global_grad_norm, self._step_applied = None, False
-        else:
-            factor = grad_factor(norm, scale, self.zero_config.gradient_clipping)
-            if factor != 1.0:
-                for _, holder in self._holders():
-                    holder.grad.mul_(factor)
-            if self.shard is not None:
-                self.shard.step(self.optimizer, [holder.grad for _, holder in self._holders()])
-            else:
-                self.optimizer.step()
-            if self.masters is not None:
-                with torch.no_grad():
-                    for param, master in self._holders():
-                        param.copy_(master)
-            if self.lr_scheduler is not None:
-                self.lr_scheduler.step()
-            self._global_grad_norm, self._step_applied = norm, True
-        if self.loss_scaler is not None:
-            self.loss_scaler.update(overflow)
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.shard is not None:      # the optimizer holds the slice; the stage's own gradients go here
-            for param, holder in self._holders():
-                param.grad = holder.grad = None
-        self.global_steps += 1
-        self.global_samples += self.train_batch_size()
+        """The one optimizer step over this stage's gradients (the data-parallel engine's skip rule,
+        clip factor, scaler and counters); ZeRO-1 steps this data rank's slice (``shard``)."""
+        outcome = take_model_step(self.strategy, self.optimizer, self.loss_scaler, self.lr_scheduler, self._step_rules,
+                                  self.counters, self.train_batch_size())
+        self._global_grad_norm, self._step_applied = outcome.norm, outcome.applied
 
 
 def _to(value: Any, device: torch.device) -> Any:

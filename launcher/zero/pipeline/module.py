@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from launcher.zero.distributed.context import init_distributed
 from launcher.zero.errors import ConfigError
 from launcher.zero.parallel.topology import PipeDataParallelTopology, ProcessTopology
 from launcher.zero.pipeline.layer_split import partition_layers
@@ -83,7 +84,6 @@ class PipelineModule(nn.Module):
         if not self._layer_specs:
             raise ConfigError("PipelineModule: layers is empty", hint="pass the model as a list of LayerSpec / modules")
         if not dist.is_initialized():
-            from launcher.zero.distributed.context import init_distributed
             init_distributed()
         world_size, self.global_rank = dist.get_world_size(), dist.get_rank()
         # a ParallelGrid may stand for its topology, so that layers built with its tensor group share its groups

@@ -79,7 +79,7 @@ class OptimizerShard:
             for tensor, slot in zip(self.tensors, self.group.layout.slots):
                 self.buffer[slot.offset:slot.end].copy_(tensor.detach().reshape(-1))
 
-    def _partition_of(self, values: list) -> torch.Tensor:
+    def partition_of(self, values: list) -> torch.Tensor:
         """This rank's partition of per-tensor ``values`` laid out flat (None counts as zeros)."""
         layout, part = self.group.layout, torch.zeros_like(self.param)
         for piece in layout.pieces_of_rank(self.dist_context.rank):
@@ -90,14 +90,10 @@ class OptimizerShard:
                     value.reshape(-1)[start:start + piece.numel])
         return part
 
-    def step(self, optimizer: torch.optim.Optimizer, grads: list | None = None) -> None:
-        """Step the partition with its part of the (averaged, clipped) gradients; gather every partition back.
-
-        ``grads`` (one per tensor) when they are kept apart from the tensors (fp32 beside 16-bit weights);
-        the gathered fp32 values are then rounded into the 16-bit tensors.
-        """
-        self.param.grad = self._partition_of([t.grad for t in self.tensors] if grads is None else grads)
-        optimizer.step()
+    def gather(self) -> None:
+        """After the optimizer stepped this partition (its ``.grad``: ``partition_of`` the stage's averaged
+        gradients): every data rank's partition into the buffer, then into the tensors (fp32 values
+        rounded into 16-bit tensors where the gradients were kept apart from them)."""
         with torch.no_grad():
             self.sharding.gather(self.buffer, self.low, self.high, self.dist_context)
             for tensor, slot in zip(self.tensors, self.group.layout.slots):

@@ -1,7 +1,7 @@
 """The ZeRO stage as a pluggable strategy: the protocol every stage implements, and its registry.
 
-The engine (engine/zero_engine.py) owns the training step: micro-step counting, loss scaling, clipping,
-the overflow decision, the scheduler and checkpoints. A strategy owns *where tensors live and
+The engines own the training step: micro-step counting, loss scaling, checkpoints; the optimizer
+step (clipping, the overflow decision, the scheduler) is engine/optimizer_step.py's, for both. A strategy owns *where tensors live and
 how gradients and parameters move between ranks*. The engine talks to a strategy only through
 the methods below, always in this order:
 
@@ -66,7 +66,7 @@ from launcher.zero.errors import ConfigError
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.zero.config.load import ZeroConfig
     from launcher.zero.distributed.context import DistContext
-    from launcher.zero.engine.precision import PrecisionPolicy
+    from launcher.zero.precision.policy import PrecisionPolicy
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,7 @@ class ZeroStrategy(ABC):
         self.context = context
         self.module: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
+        self.hooks: list = []     # handles on the module and its parameters, removed by destroy()
 
     # ---- set-up -------------------------------------------------------------------------
     @abstractmethod
@@ -183,6 +184,11 @@ class ZeroStrategy(ABC):
     #: a StepOverlap when ``offload_optimizer.overlap_step`` is on and the strategy supports it
     overlap = None
 
+    #: ``engine.compile()``: a strategy that gathers parameters in hooks (stage 3) defines
+    #: ``compile_units(blocks)`` to gather each block's parameters as one around its compiled forward;
+    #: None: the module compiles as the compile settings say
+    compile_units = None
+
     def step_in_background(self, optimizer: torch.optim.Optimizer) -> bool:
         """Start ``optimizer.step()``, ``after_optimizer_step()`` and ``zero_grad()`` in the
         background and return True; False (the default) when the engine must run them itself."""
@@ -237,7 +243,7 @@ class ZeroStrategy(ABC):
 
     def destroy(self) -> None:
         """Remove the hooks this strategy put on the module and its parameters (engine.destroy)."""
-        for handle in getattr(self, "hooks", ()):
+        for handle in self.hooks:
             handle.remove()
         if self.overlap is not None:
             self.overlap.close()

@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from launcher.zero.layout.partition_math import Bucket  # noqa: F401 (type of plan entries)
+from launcher.zero.layout.partition_math import Bucket, plan_buckets
 
 
 class BucketQueue:
@@ -58,8 +58,6 @@ class BucketQueue:
 
 def plan_all_buckets(groups, bucket_numel: int, order: dict[str, int]) -> list[tuple[int, "Bucket"]]:
     """Buckets of every group, in the order backward is expected to finish them (last module first)."""
-    from launcher.zero.layout.partition_math import plan_buckets
-
     planned = []
     for group in groups:
         for bucket in plan_buckets(group.layout, bucket_numel):

@@ -2,7 +2,7 @@
 import pytest
 from torch.utils.data import DataLoader, DistributedSampler
 
-from launcher.zero.engine.data import EngineDataLoader, EngineSampler
+from launcher.zero.data.loader import EngineDataLoader, EngineSampler
 
 
 def loaders(length, world, micro, drop_last=False):

@@ -7,7 +7,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 
 
 def run_rank(body: str, rank: str = "1", install: bool = True):
-    script = ("from launcher.zero.engine import failure\n"
+    script = ("import launcher.zero.failure as failure\n"
               "failure.OTHER_RANKS_WAIT_S = 0.0\n"
               + ("failure.install_from_env()\n" if install else "") + body)
     env = {**os.environ, "RANK": rank, "PYTHONPATH": ROOT}

@@ -172,8 +172,8 @@ def strategy_calls(path: Path) -> set[str]:
 def test_the_strategy_protocol_declares_every_method_the_engine_calls():
     from launcher.zero.stages.base import ZeroStrategy
 
-    users = [ENGINE / "engine" / "zero_engine.py", ENGINE / "engine" / "accessors.py",
-             ENGINE / "checkpoint" / "save_load.py"]
+    users = [ENGINE / "engine" / "zero_engine.py", ENGINE / "engine" / "optimizer_step.py",
+             ENGINE / "engine" / "accessors.py", ENGINE / "checkpoint" / "save_load.py"]
     called = set().union(*(strategy_calls(path) for path in users))
     assert {"prepare_master_grads", "grad_square_sum", "release_gathered", "full_shapes"} <= called
     declared = set(dir(ZeroStrategy)) | set(ZeroStrategy.__annotations__)

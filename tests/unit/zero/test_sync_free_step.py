@@ -3,6 +3,7 @@ semantics allow: with ``check_grad_overflow: false`` none (the clip factor stays
 the norm is read only when asked for), with the default overflow check one (the norm and the
 overflow flag together). The loss is read only for a step that prints or records it. Same
 weights and norms as the step that reads them (one rank, gloo, CPU)."""
+import dataclasses
 import math
 import os
 import sys
@@ -49,7 +50,7 @@ def build(stage, clip, steps_per_print=None, check_overflow=False):
 
 def run(engine, steps=3, sync_free=True):
     if not sync_free:
-        engine._norm_may_stay_on_device = lambda: False
+        engine._step_rules = dataclasses.replace(engine._step_rules, sync_free=False)
     norms = bf16_square_loss_steps(engine, steps)
     return [p.detach().clone() for p in engine.module.parameters()], norms
 

@@ -3,7 +3,7 @@ import pytest
 
 from launcher.zero.config.schema import FP16Config
 from launcher.zero.errors import LossScaleAtMinimumError
-from launcher.zero.engine.loss_scaler import LossScaler, ScalerRules, initial_state, rules_from_config, update
+from launcher.zero.precision.loss_scaler import LossScaler, ScalerRules, initial_state, rules_from_config, update
 
 PATTERN = [True, True, False, True, False, False, False, False, True, True, True]
 

@@ -21,8 +21,11 @@ import torch
 import torch.distributed as dist
 from torch.nn.modules import module as torch_module
 
+from launcher.zero.config.load import load_config
 from launcher.zero.distributed.collectives import broadcast_from
+from launcher.zero.distributed.context import context_from_group, init_distributed
 from launcher.zero.errors import ConfigError
+from launcher.zero.failure import install_from_env
 from launcher.zero.stages.stage3 import params as P
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -32,8 +35,6 @@ def _config_choices(config) -> tuple[torch.dtype | None, bool]:
     """(parameter dtype, shards on the CPU) from a config dict/path, or (None, False)."""
     if config is None:
         return None, False
-    from launcher.zero.config.load import load_config
-
     cfg = load_config(config, passed_to="zero.Init")
     dtype = torch.float16 if cfg.fp16.enabled else torch.bfloat16 if cfg.bf16.enabled else None
     offload = cfg.zero_optimization.offload_param
@@ -52,9 +53,7 @@ class Init:
                  mem_efficient_linear: bool = True, remote_device: str | None = None, pin_memory: bool = False,
                  config_dict_or_path: Any = None, config: Any = None, enabled: bool = True,
                  dtype: torch.dtype | None = None, mpu: Any = None, device: torch.device | str | None = None):
-        from launcher.zero.engine import failure
-
-        failure.install_from_env()   # its config error is one message for the job, as initialize's
+        install_from_env()   # its config error is one message for the job, as initialize's
         if mpu is not None:
             raise ConfigError("zero.Init: model parallelism (mpu) is not supported", hint="remove mpu=")
         self.enabled = enabled
@@ -74,11 +73,7 @@ class Init:
 
     def _start(self) -> None:
         if not (dist.is_available() and dist.is_initialized()):
-            from launcher.zero.distributed.context import init_distributed
-
             init_distributed()
-        from launcher.zero.distributed.context import context_from_group
-
         ctx = context_from_group(self._group, device=self._device)
         self.rank, self.world_size, self.device = ctx.rank, ctx.world_size, ctx.device
         self.group = ctx.group

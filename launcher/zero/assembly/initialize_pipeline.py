@@ -7,19 +7,19 @@ from __future__ import annotations
 
 import torch
 
+from launcher.zero.assembly.builders import client_optimizer, client_scheduler
 from launcher.zero.config.load import load_config
 from launcher.zero.distributed.context import DistContext, context_from_group
-from launcher.zero.errors import ConfigError
-from launcher.zero.engine.loss_scaler import LossScaler, rules_from_config
-from launcher.zero.optim import build_optimizer
+from launcher.zero.data.loader import EngineDataLoader, EngineSampler, RepeatingLoader
+from launcher.zero.errors import ConfigError, NotSupportedError
 from launcher.zero.parallel.grid import ParallelGrid
 from launcher.zero.parallel.topology import check_autotp_size
 from launcher.zero.pipeline.engine import PipelineEngine
 from launcher.zero.pipeline.module import PipelineModule
 from launcher.zero.pipeline.schedule import SCHEDULES, build_schedule
 from launcher.zero.pipeline.shard import GradHolder, OptimizerShard, check_shardable
-from launcher.zero.engine.precision import precision_policy
-from launcher.zero.sched import build_scheduler
+from launcher.zero.precision.loss_scaler import LossScaler, rules_from_config
+from launcher.zero.precision.policy import precision_policy
 from launcher.zero.stages.base import StrategyContext
 
 
@@ -69,8 +69,8 @@ def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source,
     if not stepped:
         # a stage of parameter-free layers (Tanh, reshapes) still steps a scheduler; torch.optim wants a parameter
         stepped = [torch.nn.Parameter(torch.zeros(0, device=device))]
-    optimizer = _optimizer(optimizer, stepped, cfg)
-    scheduler = _scheduler(lr_scheduler, optimizer, cfg)
+    optimizer = client_optimizer(optimizer, stepped, cfg)
+    scheduler = client_scheduler(lr_scheduler, optimizer, cfg)
     scaler = LossScaler(rules_from_config(cfg.fp16, 0)) if cfg.fp16.enabled else None
     engine = PipelineEngine(module, optimizer, scheduler, cfg, data_context, grid, schedule=schedule, masters=masters,
                             grad_holders=grad_holders, loss_scaler=scaler, shard=shard)
@@ -81,8 +81,6 @@ def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source,
 def _dataloader(engine: PipelineEngine, training_data, cfg, collate_fn):
     """DeepSpeed's pipeline loader: the data ranks' DistributedSampler shares without shuffling, repeated
     forever; the loader returned is the one the engine draws from (as DeepSpeed's is)."""
-    from launcher.zero.engine.data import EngineDataLoader, EngineSampler, RepeatingLoader
-
     sampler = EngineSampler(training_data, engine.dp_world_size, engine.grid.get_data_parallel_rank(), shuffle=False)
     dataloader = RepeatingLoader(EngineDataLoader(training_data, cfg.train_micro_batch_size_per_gpu, sampler,
                                                   engine.dp_world_size, collate_fn=collate_fn,
@@ -93,8 +91,6 @@ def _dataloader(engine: PipelineEngine, training_data, cfg, collate_fn):
 
 def _check_supported(cfg) -> None:
     if cfg.compile.enabled:
-        from launcher.zero.errors import NotSupportedError
-
         raise NotSupportedError("compile.enabled with pipeline parallelism is not supported",
                                 hint="remove the compile section (the pipeline engine runs its stages eagerly)")
     if cfg.zero_stage > 1:
@@ -116,20 +112,3 @@ def _schedule_name(cfg, num_virtual_stages: int) -> str:
     if unknown:
         raise ConfigError(f"pipeline.{sorted(unknown)[0]}: unknown key", hint=f"pipeline.schedule is one of {SCHEDULES}")
     return str(section.get("schedule", "interleaved" if num_virtual_stages > 1 else "1f1b"))
-
-
-def _optimizer(optimizer, params, cfg):
-    if isinstance(optimizer, torch.optim.Optimizer):
-        return optimizer
-    if callable(optimizer):
-        return optimizer(params)
-    if cfg.optimizer is None:
-        raise ConfigError("no optimizer: the config has no 'optimizer' section and none was passed",
-                          hint='add "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}')
-    return build_optimizer(cfg.optimizer, params)
-
-
-def _scheduler(lr_scheduler, optimizer, cfg):
-    if lr_scheduler is not None:
-        return lr_scheduler(optimizer) if callable(lr_scheduler) and not hasattr(lr_scheduler, "step") else lr_scheduler
-    return build_scheduler(optimizer, cfg.scheduler) if cfg.scheduler is not None else None

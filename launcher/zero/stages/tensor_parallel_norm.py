@@ -4,7 +4,12 @@ A stage's own norm sums its master grads over the data-parallel group. With tens
 the tensor-parallel shards (``tensor_model_parallel`` parameters) must also be summed over the
 tensor group, while replicated parameters (biases of row-parallel layers, norms) are counted once:
 so the squares are split by parameter through the stage's fragments, and an overflow on any
-tensor rank skips the step on all of them.
+tensor rank skips the step on all of them. The pipeline engine's norm is the same sum over one
+more axis (its stages): ``add_squares`` and ``tensor_parallel_stats`` serve both.
+
+No host sync per tensor: each tensor's squares and its non-finite flag are added on the device
+(a non-finite tensor's squares too, which only an overflow reads, and an overflow's norm is
+inf); ``tensor_parallel_stats`` reads the totals once.
 """
 from __future__ import annotations
 
@@ -33,21 +38,37 @@ def with_tensor_parallel_norm(strategy_cls: type, model_group, sharded_names: se
                 if grad is None or fragment.numel == 0:
                     continue
                 piece = grad.detach().reshape(-1)[fragment.master_offset:fragment.master_offset + fragment.numel]
-                finite = bool(torch.isfinite(piece).all())
-                totals[2] += 0.0 if finite else 1.0
-                if finite:
-                    totals[0 if fragment.name in sharded_names else 1] += piece.double().pow(2).sum()
+                add_squares(totals, piece, fragment.name in sharded_names)
             if self.partitioned_grads and self.context.dist_context.world_size > 1:
                 dist.all_reduce(totals, group=self.context.dist_context.group)
-            sharded = totals.clone()
-            sharded[1] = 0.0                      # replicated squares are the same on every tensor rank
-            dist.all_reduce(sharded, group=model_group)
-            overflow = bool(sharded[2] > 0)
-            norm = float("inf") if overflow else float((sharded[0] + totals[1]).sqrt())
-            return GradStats(norm=norm, overflow=overflow)
+            return tensor_parallel_stats(totals, model_group)
 
     TensorParallelStrategy.__name__ = f"TensorParallel{strategy_cls.__name__}"
     return TensorParallelStrategy
+
+
+def add_squares(totals: torch.Tensor, grad: torch.Tensor, sharded: bool) -> None:
+    """Add ``grad``'s squares to ``totals`` (float64: sharded, replicated, non-finite count) on the
+    device, without a host sync."""
+    totals[2] += (~torch.isfinite(grad).all()).to(totals.dtype)
+    totals[0 if sharded else 1] += grad.double().pow(2).sum()
+
+
+def tensor_parallel_stats(totals: torch.Tensor, model_group, pipe_group=None) -> GradStats:
+    """The global norm from this rank's ``totals`` (summed over the data axis where that is partitioned):
+    the sharded squares and the non-finite count summed over the tensor group (``model_group``; None:
+    one tensor rank), replicated squares counted once, then everything summed over the pipeline's
+    stages (``pipe_group``; None: one stage). One host sync: the overflow flag (and the norm)."""
+    if model_group is not None:
+        sharded = totals.clone()
+        sharded[1] = 0.0                      # replicated squares are the same on every tensor rank
+        dist.all_reduce(sharded, group=model_group)
+        totals = torch.stack([sharded[0], totals[1], sharded[2]])
+    if pipe_group is not None:
+        dist.all_reduce(totals, group=pipe_group)
+    overflow = bool(totals[2] > 0)
+    norm = float("inf") if overflow else float((totals[0] + totals[1]).sqrt())
+    return GradStats(norm=norm, overflow=overflow)
 
 
 def sharded_parameter_names(module: torch.nn.Module) -> set[str]:

@@ -12,22 +12,26 @@ import torch
 import torch.distributed as dist
 
 import launcher.zero.progress as rank_progress   # --stall_timeout
-from launcher.zero.engine import failure
+from launcher.zero.assembly.builders import client_optimizer, client_scheduler
+from launcher.zero.assembly.initialize_pipeline import initialize_pipeline
 from launcher.zero.config.checks import check_optimizer_section, check_scheduler_section
 from launcher.zero.config.load import load_config, no_effect_notes
 from launcher.zero.distributed.context import DistContext, context_from_group, init_distributed
+from launcher.zero.data.loader import build_dataloader
+from launcher.zero.engine.monitor import Monitor, ready_line
+from launcher.zero.engine.watch import StepWatch
 from launcher.zero.engine.zero_engine import EngineParts, TensorParallelInfo, ZeroEngine
 from launcher.zero.errors import ConfigError
 from launcher.zero.experts.param_groups import configure_moe_param_groups
 from launcher.zero.experts.wiring import check_param_groups, refuse_in_pipeline, set_up_experts
-from launcher.zero.engine.loss_scaler import LossScaler, rules_from_config
-from launcher.zero.engine.monitor import Monitor, ready_line
-from launcher.zero.engine.watch import StepWatch
-from launcher.zero.optim import build_optimizer, check_zero_support
+from launcher.zero.failure import install_from_env
+from launcher.zero.optim import check_zero_support
 from launcher.zero.parallel.topology import check_autotp_size
-from launcher.zero.engine.precision import precision_policy
-from launcher.zero.sched import build_scheduler
+from launcher.zero.pipeline.module import PipelineModule
+from launcher.zero.precision.loss_scaler import LossScaler, rules_from_config
+from launcher.zero.precision.policy import precision_policy
 from launcher.zero.stages.base import StrategyContext, resolve_strategy
+from launcher.zero.stages.tensor_parallel_norm import sharded_parameter_names, with_tensor_parallel_norm
 
 
 def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, model_parameters=None,
@@ -46,13 +50,11 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     ``process_group``: run on this group instead of starting torch.distributed from the env.
     """
     environ = dict(os.environ)   # the rank's environment, read once here and passed on
-    failure.install_from_env(environ)
+    install_from_env(environ)
     if model is None:
         raise ConfigError("zero.initialize: model is required", hint="zero.initialize(model=model, config=...)")
     source = _config_source(config, config_params, args, environ.get("DSLAUNCH_CONFIG"))
-    if _is_pipeline(model):
-        from launcher.zero.pipeline.build import initialize_pipeline
-
+    if isinstance(model, PipelineModule):
         refuse_in_pipeline(model)
         world = init_distributed(env=environ)   # the PipelineModule's group; this process's local rank, device
         return _ready_for_stall_watch(initialize_pipeline(model, optimizer, lr_scheduler, source, training_data,
@@ -75,7 +77,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
                               reduce_gradients=not handles_comm, expert_data_contexts=experts.contexts)
     strategy = _strategy_class(cfg, mpu, model)(context)
     strategy.setup(model, optimizer)
-    scheduler = _build_scheduler(lr_scheduler, optimizer, cfg)
+    scheduler = client_scheduler(lr_scheduler, optimizer, cfg)
     scaler = LossScaler(rules_from_config(cfg.fp16, cfg.zero_stage)) if cfg.fp16.enabled else None
     monitor = _monitor(cfg, dist_context.rank)
     dataloader = _dataloader(training_data, cfg, dist_context, collate_fn)
@@ -83,8 +85,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
                                     dist_context=dist_context, precision=precision, strategy=strategy,
                                     loss_scaler=scaler, monitor=monitor, dataloader=dataloader,
                                     tensor_parallel=tensor_info or TensorParallelInfo(),
-                                    watch=StepWatch(cfg, dist_context, monitor, environ)))
-    engine.experts = experts
+                                    watch=StepWatch(cfg, dist_context, monitor, environ), experts=experts))
     _ready_and_compiled(engine, monitor, param_count)
     return engine, engine.optimizer, dataloader, scheduler
 
@@ -94,7 +95,8 @@ def _client_optimizer(optimizer, params, experts, cfg, dist_context: DistContext
     the stage; and whether it does its own gradient communication (1-bit Adam: stage 0 only)."""
     if experts and optimizer is None:   # DeepSpeed splits the expert params into their own groups
         params = configure_moe_param_groups(params)
-    optimizer = _build_optimizer(optimizer, params, cfg, dist_context)
+    optimizer = client_optimizer(optimizer, params, cfg, process_group=dist_context.group,
+                                 offload=bool(cfg.zero_optimization.offload_optimizer_active))
     check_param_groups(experts, optimizer.param_groups)
     check_zero_support(optimizer, cfg.zero_stage, cfg.zero_allow_untested_optimizer)
     handles_comm = bool(getattr(optimizer, "handles_gradient_communication", False))
@@ -108,8 +110,6 @@ def _strategy_class(cfg, mpu, model) -> type:
     """The stage's strategy; under tensor parallelism (``mpu``) one whose norm spans the tensor axis."""
     strategy_cls = resolve_strategy(cfg.zero_stage, offload=cfg.zero_optimization.offload_optimizer_active)
     if mpu is not None and mpu.get_model_parallel_world_size() > 1:
-        from launcher.zero.parallel.norm import sharded_parameter_names, with_tensor_parallel_norm
-
         strategy_cls = with_tensor_parallel_norm(strategy_cls, mpu.get_model_parallel_group(),
                                                  sharded_parameter_names(model))
     return strategy_cls
@@ -126,8 +126,6 @@ def _monitor(cfg, rank: int) -> Monitor:
 def _dataloader(training_data, cfg, dist_context: DistContext, collate_fn):
     if training_data is None:
         return None
-    from launcher.zero.engine.data import build_dataloader
-
     return build_dataloader(training_data, cfg, dist_context, collate_fn)
 
 
@@ -199,12 +197,6 @@ def _data_parallel_context(mpu, world: DistContext) -> DistContext:
                               local_world_size=world.local_world_size)
 
 
-def _is_pipeline(model) -> bool:
-    from launcher.zero.pipeline.module import PipelineModule
-
-    return isinstance(model, PipelineModule)
-
-
 def _config_source(config, config_params, args, launcher_config: str | None) -> Any:
     from_args = getattr(args, "deepspeed_config", None) or getattr(args, "deepscale_config", None)
     given = config if config is not None else config_params
@@ -228,33 +220,3 @@ def _same_file(source, path: str) -> bool:
     if not isinstance(source, (str, os.PathLike)):
         return False
     return os.path.realpath(os.fspath(source)) == os.path.realpath(path)
-
-
-def _build_optimizer(optimizer, params, cfg, dist_context: DistContext) -> torch.optim.Optimizer:
-    if isinstance(optimizer, torch.optim.Optimizer):
-        return optimizer
-    if callable(optimizer):
-        built = optimizer(params)
-        if not isinstance(built, torch.optim.Optimizer):
-            raise ConfigError("optimizer: the callable did not return a torch.optim.Optimizer",
-                              hint="optimizer=lambda params: torch.optim.AdamW(params, lr=1e-3)")
-        return built
-    if optimizer is not None:
-        raise ConfigError(f"optimizer: expected an optimizer or a callable, got {type(optimizer).__name__}", hint=None)
-    if cfg.optimizer is None:
-        raise ConfigError("no optimizer: the config has no 'optimizer' section and none was passed",
-                          hint='add "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}} or pass optimizer=')
-    return build_optimizer(cfg.optimizer, params, process_group=dist_context.group,
-                           offload=bool(cfg.zero_optimization.offload_optimizer_active))
-
-
-def _build_scheduler(lr_scheduler, optimizer, cfg):
-    if lr_scheduler is not None:
-        if hasattr(lr_scheduler, "step"):
-            return lr_scheduler
-        if callable(lr_scheduler):
-            return lr_scheduler(optimizer)
-        raise ConfigError(f"lr_scheduler: expected a scheduler or a callable, got {type(lr_scheduler).__name__}", hint=None)
-    if cfg.scheduler is not None:
-        return build_scheduler(optimizer, cfg.scheduler)
-    return None
