@@ -74,3 +74,14 @@ def test_a_job_restarted_after_a_damaged_save_resumes_from_the_newest_intact_tag
     assert len(said) == 1 and "'global_step4' is damaged: " in said[0] and "rank_1_shard.pt: truncated" in said[0]
     assert said[0].endswith("loaded 'global_step2', the newest intact checkpoint")
     assert (folder / "latest").read_text() == "global_step6"
+
+
+def test_consolidation_names_a_bit_flipped_shard_instead_of_returning_wrong_weights(world):
+    from launcher import zero
+    from launcher.zero.errors import CheckpointDamagedError
+
+    folder = world[0] / "bitflip"
+    with pytest.raises(CheckpointDamagedError, match=r"global_step2/rank_1_shard\.pt: content differs"):
+        zero.get_fp32_state_dict_from_zero_checkpoint(folder, tag="global_step2")
+    assert set(zero.get_fp32_state_dict_from_zero_checkpoint(folder, tag="global_step1")) == \
+        {"0.weight", "0.bias", "2.weight", "2.bias"}

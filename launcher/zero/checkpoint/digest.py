@@ -97,3 +97,11 @@ def tags_newest_first(checkpoint_dir: str) -> list[str]:
         if not name.startswith(".") and os.path.isfile(marker):
             found.append((os.path.getmtime(marker), name))
     return [name for _, name in sorted(found, reverse=True)]
+
+
+def check_tag(folder: str) -> bool:
+    """Every file of a tag against its digest (offline tools read them all anyway); False: no manifest."""
+    files = read_manifest(folder)
+    for name, entry in sorted((files or {}).items()):
+        check_file(os.path.join(folder, name), entry)
+    return files is not None
