@@ -13,6 +13,13 @@ class CheckpointError(DslaunchError):
     kind = "checkpoint error"
 
 
+class CheckpointDamagedError(CheckpointError):
+    """A checkpoint file that is missing, truncated, or differs from the digest written at save;
+    the message names the file and what is wrong."""
+
+    kind = "damaged checkpoint"
+
+
 class OptimizerStepError(DslaunchError, RuntimeError):
     """The optimizer ``initialize`` returned was used in a way that cannot step: a second step on
     gradients it already applied, a closure, another run's state."""

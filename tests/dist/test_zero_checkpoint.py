@@ -22,7 +22,8 @@ def test_checkpoint_round_trips(tmp_path):
     assert resumed["weights"] == trained["weights"]  # bit for bit
     assert resumed["lr"] == trained["lr"]
     assert (exact / "latest").read_text() == "global_step6"
-    assert sorted(os.listdir(exact / "mid")) == ["metadata.json", "model_states.pt", "rank_0_shard.pt", "rank_1_shard.pt"]
+    assert sorted(os.listdir(exact / "mid")) == ["digests.json", "metadata.json", "model_states.pt",
+                                                "rank_0_shard.pt", "rank_1_shard.pt"]
     assert not [name for name in os.listdir(exact) if name.startswith(".")]  # no partial folders left
     module_only = two["3"]
     assert module_only["weights"] == trained["mid_weights"]  # loaded into a stage-1 engine

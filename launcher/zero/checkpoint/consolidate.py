@@ -10,6 +10,7 @@ import sys
 from collections import OrderedDict
 
 from launcher.errors import DslaunchError
+from launcher.zero.checkpoint import digest
 from launcher.zero.checkpoint import format as fmt
 from launcher.zero.errors import CheckpointError
 
@@ -29,6 +30,7 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None, exclude_f
     if resolved is None:
         raise CheckpointError(f"no 'latest' file in {checkpoint_dir}", hint="pass --tag (the name of a checkpoint folder)")
     path = fmt.tag_dir(checkpoint_dir, resolved)
+    digest.check_tag(path)   # a damaged file is named, not consolidated into wrong weights
     metadata = fmt.read_metadata(path)
     if metadata.get("kind") == "pipeline":   # a pipeline / 3D checkpoint: per-layer files, tensor shards joined
         from launcher.zero.checkpoint.pipeline_save_load import consolidate   # imports torch: not for --help

@@ -3,6 +3,7 @@
     save_dir/
       latest                    the newest complete tag (written last, by rename)
       <tag>/
+        digests.json            size and sha256 of every file (written last; digest.py)
         metadata.json           world size, stage, dtypes, parameters, and which rank holds which
                                 fragments (name, param_start, numel); with tensor parallelism also
                                 the tensor size and each sharded parameter's partition dim
@@ -23,7 +24,8 @@ import json
 import os
 from typing import Any
 
-from launcher.zero.errors import CheckpointError
+from launcher.zero.checkpoint import digest
+from launcher.zero.errors import CheckpointDamagedError, CheckpointError
 
 FORMAT_VERSION = 1
 METADATA = "metadata.json"
@@ -72,27 +74,33 @@ def metadata_name(model_rank: int = 0) -> str:
     return METADATA if model_rank == 0 else f"model_{model_rank:02d}-{METADATA}"
 
 
-def read_metadata(path: str, name: str = METADATA) -> dict[str, Any]:
+def read_metadata(path: str, name: str = METADATA, expected: dict | None = None) -> dict[str, Any]:
+    """A tag's metadata; ``expected`` (its manifest entry) checks it against its digest first."""
+    if expected is not None:
+        digest.check_file(os.path.join(path, name), expected)
     try:
         with open(os.path.join(path, name), encoding="utf-8") as handle:
             metadata = json.load(handle)
     except (OSError, ValueError) as error:
-        raise CheckpointError(f"{path}/{name}: unreadable ({error})", hint="the checkpoint is damaged") from None
+        raise CheckpointDamagedError(f"{path}/{name}: unreadable ({error})", hint="the checkpoint is damaged") from None
     if metadata.get("format") != FORMAT_VERSION:
         raise CheckpointError(f"{path}: checkpoint format {metadata.get('format')!r} is not {FORMAT_VERSION}",
                               hint="this checkpoint was written by another version or tool")
     return metadata
 
 
-def load_file(path: str):
+def load_file(path: str, expected: dict | None = None):
+    """``torch.load`` one checkpoint file; ``expected`` (its manifest entry) checks size and digest first."""
     import torch
 
     if not os.path.isfile(path):
-        raise CheckpointError(f"checkpoint file missing: {path}", hint="the checkpoint is incomplete")
+        raise CheckpointDamagedError(f"checkpoint file missing: {path}", hint="the checkpoint is incomplete")
+    if expected is not None:
+        digest.check_file(path, expected)
     try:
         return torch.load(path, map_location="cpu", weights_only=False)
     except Exception as error:  # torch raises many kinds for a damaged file
-        raise CheckpointError(f"{path}: unreadable ({type(error).__name__}: {error})",
+        raise CheckpointDamagedError(f"{path}: unreadable ({type(error).__name__}: {error})",
                               hint="the checkpoint is damaged") from None
 
 

@@ -20,8 +20,9 @@ import sys
 import torch
 import torch.distributed as dist
 
+from launcher.zero.checkpoint import digest
 from launcher.zero.checkpoint import format as fmt
-from launcher.zero.errors import CheckpointError, CheckpointPathError
+from launcher.zero.errors import CheckpointDamagedError, CheckpointError, CheckpointPathError
 from launcher.zero.experts.wiring import every_expert_entry, global_expert_name
 
 SCALAR = "scalars"
@@ -45,8 +46,9 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None =
     _agree_or_raise(engine, problem, partial, lead)
     fragments = _global_names(engine, engine.strategy.fragments())
     shard = _shard(engine, fragments)
+    written: dict[str, dict] = {}   # file name -> size and digest, of the files this rank wrote
     problem = _attempt(save_dir, partial, _bytes_of(shard),
-                       lambda: torch.save(shard, os.path.join(partial, fmt.shard_name(rank, prefix))))
+                       lambda: _write(partial, fmt.shard_name(rank, prefix), shard, written))
     listings = _all_gather_object(engine, [[f.name, f.param_start, f.numel] for f in fragments])
     module_state = engine.strategy.module_state_dict()  # collective at stage 3
     if exclude_frozen_parameters:
@@ -56,13 +58,13 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None =
         states = _model_states(engine, module_state, client_state or {})
 
         def write_states():
-            torch.save(states, os.path.join(partial, prefix + fmt.MODEL_STATES))
-            with open(os.path.join(partial, fmt.metadata_name(tensor.rank)), "w", encoding="utf-8") as handle:
-                json.dump(_metadata(engine, listings), handle, indent=1)
+            _write(partial, prefix + fmt.MODEL_STATES, states, written)
+            _write(partial, fmt.metadata_name(tensor.rank), _metadata(engine, listings), written)
         problem = _attempt(save_dir, partial, _bytes_of(states) + _bytes_of(shard), write_states)
-    _agree_or_raise(engine, problem, partial, lead)
-    if lead:   # a full disk can still refuse the few bytes of 'latest': the save then fails on every rank
-        problem = _attempt(save_dir, partial, len(tag), lambda: _publish(save_dir, partial, tag, save_latest))
+    files = _agree_or_raise(engine, problem, partial, lead, written)
+    if lead:   # the digests last, then the folder; a full disk can still refuse them or 'latest'
+        problem = _attempt(save_dir, partial, len(tag), lambda: (digest.write_manifest(partial, files),
+                                                                 _publish(save_dir, partial, tag, save_latest)))
     _agree_or_raise(engine, problem, partial, lead)
     return True
 
@@ -87,11 +89,24 @@ def _attempt(save_dir: str, partial: str, needed: int, write) -> str | None:
                 f"{free if free >= 0 else 'an unknown number of'} bytes are free")
 
 
-def _agree_or_raise(engine, problem: str | None, partial: str, lead: bool) -> None:
-    """A barrier that also ends the save on every rank alike when any rank could not write."""
-    problems = [p for p in _all_gather_object(engine, problem or "", whole_job=True) if p]
+def _write(folder: str, name: str, value, written: dict) -> None:
+    """One checkpoint file (JSON for metadata, else torch.save), and its digest into ``written``."""
+    path = os.path.join(folder, name)
+    if name.endswith(".json"):
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(value, handle, indent=1)
+    else:
+        torch.save(value, path)
+    written[name] = digest.file_digest(path)
+
+
+def _agree_or_raise(engine, problem: str | None, partial: str, lead: bool, written: dict | None = None) -> dict:
+    """A barrier that also ends the save on every rank alike when any rank could not write; returns
+    every rank's file digests (gathered with the problems: no extra collective)."""
+    gathered = _all_gather_object(engine, [problem or "", written or {}], whole_job=True)
+    problems = [p for p, _ in gathered if p]
     if not problems:
-        return
+        return {name: entry for _, files in gathered for name, entry in files.items()}
     if lead:
         shutil.rmtree(partial, ignore_errors=True)   # the last complete checkpoint and `latest` stay as they are
     raise CheckpointError(problems[0], hint="free space there (or save elsewhere); the last complete checkpoint "
@@ -206,31 +221,92 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
         raise CheckpointPathError(_missing_folder("load_checkpoint", "load_dir", load_dir),
                                   hint="pass the folder save_checkpoint wrote, e.g. engine.load_checkpoint('checkpoints')")
     load_dir = os.fspath(load_dir)
-    tag = fmt.resolve_tag(load_dir, tag)
-    if tag is None:
+    resolved = fmt.resolve_tag(load_dir, tag)
+    if resolved is None:
         engine.monitor.warn(f"no 'latest' file in {load_dir}: nothing loaded (pass tag= to pick one)")
         return None, None
-    path = fmt.tag_dir(load_dir, tag)
+    read = _read_intact(engine, load_dir, resolved, explicit=tag is not None)
+    _check_params(engine, read.metadata, load_module_strict)
+    engine.strategy.load_module_state_dict(read.states["module"], strict=load_module_strict)
+    with_optimizer = load_optimizer_states and not load_module_only
+    _restore_fragments(engine, read.fragments, read.shards, with_optimizer)
+    engine.strategy.sync_params_from_master()
+    if not load_module_only:
+        _restore_training_state(engine, read.path, read.states, read.metadata, read.shards, load_optimizer_states,
+                                load_lr_scheduler_states, read.prefix)
+    return read.path, read.states.get("client_state", {})
+
+
+@dataclasses.dataclass
+class _TagRead:
+    """One tag's files this rank needs, read and checked before anything is restored."""
+    path: str
+    prefix: str
+    metadata: dict
+    states: dict
+    fragments: list
+    shards: dict
+    verified: bool
+
+
+def _read_intact(engine, load_dir: str, tag: str, explicit: bool) -> _TagRead:
+    """The tag asked for, else (from 'latest') the newest intact one; every rank reads its files,
+    then the ranks agree, so all of them restore the same tag. One message for the job, from rank 0."""
+    candidates = [tag] if explicit else [tag] + [t for t in digest.tags_newest_first(load_dir) if t != tag]
+    damaged: list[tuple[str, str]] = []
+    for candidate in candidates:
+        path = fmt.tag_dir(load_dir, candidate)
+        try:
+            read, problem = _read_tag(engine, path), ""
+        except CheckpointDamagedError as error:
+            read, problem = None, str(error)
+        problems = [p for p in _all_gather_object(engine, problem, whole_job=True) if p]
+        if not problems:
+            _say_what_was_loaded(engine, load_dir, candidate, damaged, read)
+            return read
+        if explicit:
+            raise CheckpointDamagedError(f"checkpoint '{tag}' is damaged: {problems[0]}",
+                                         hint="restore the file from a copy, or load another tag (without tag= "
+                                              "load_checkpoint takes the newest intact one)")
+        damaged.append((candidate, problems[0]))
+    every = "; ".join(f"'{t}': {p}" for t, p in damaged)
+    raise CheckpointDamagedError(f"no intact checkpoint in {load_dir}: {every}",
+                                 hint="restore the damaged files from a copy, or start without load_checkpoint")
+
+
+def _say_what_was_loaded(engine, load_dir: str, tag: str, damaged: list, read: _TagRead) -> None:
+    if engine.dist_context.rank != 0 or engine.tensor_parallel.rank != 0:
+        return
+    if damaged:
+        skipped = "; ".join(f"'{t}' is damaged: {p}" for t, p in damaged)
+        engine.monitor.warn(f"checkpoint in {load_dir}: {skipped}; loaded '{tag}', the newest intact checkpoint")
+    if not read.verified:
+        engine.monitor.warn(f"checkpoint {read.path} has no {digest.MANIFEST} (saved before checkpoints carried "
+                            f"digests): loaded without verification")
+
+
+def _read_tag(engine, path: str) -> _TagRead:
+    """Every file of ``path`` this rank restores from, checked against the manifest (CheckpointDamagedError)."""
+    files = digest.read_manifest(path)
+    expected = files or {}
     tensor = engine.tensor_parallel
-    _check_tensor_size(path, fmt.read_metadata(path), tensor.size)
+    if files is not None and engine.dist_context.rank == 0 and tensor.rank == 0:
+        digest.check_listing(path, files)   # a missing or cut file that no rank reads is still seen
+    _check_tensor_size(path, fmt.read_metadata(path, expected=expected.get(fmt.METADATA)), tensor.size)
     prefix = fmt.tensor_prefix(tensor.rank, tensor.size)
-    metadata = fmt.read_metadata(path, fmt.metadata_name(tensor.rank))
-    states = fmt.load_file(os.path.join(path, prefix + fmt.MODEL_STATES))
-    _check_params(engine, metadata, load_module_strict)
-    engine.strategy.load_module_state_dict(states["module"], strict=load_module_strict)
+    name = fmt.metadata_name(tensor.rank)
+    metadata = fmt.read_metadata(path, name, expected=expected.get(name))
+    states = fmt.load_file(os.path.join(path, prefix + fmt.MODEL_STATES), expected.get(prefix + fmt.MODEL_STATES))
     fragments = _global_names(engine, engine.strategy.fragments())
     wanted: dict[str, list] = {}
     for f in fragments:
         wanted.setdefault(f.name, []).append((f.param_start, f.param_start + f.numel))
-    ranks = fmt.ranks_overlapping(metadata, wanted)
-    shards = {r: fmt.load_file(os.path.join(path, fmt.shard_name(r, prefix))) for r in ranks}
-    with_optimizer = load_optimizer_states and not load_module_only
-    _restore_fragments(engine, fragments, shards, with_optimizer)
-    engine.strategy.sync_params_from_master()
-    if not load_module_only:
-        _restore_training_state(engine, path, states, metadata, shards, load_optimizer_states, load_lr_scheduler_states,
-                                prefix)
-    return path, states.get("client_state", {})
+    ranks = set(fmt.ranks_overlapping(metadata, wanted))
+    if metadata["world_size"] == engine.dist_context.world_size:
+        ranks.add(engine.dist_context.rank)   # its own shard: the RNG state and optimizer extras
+    shards = {r: fmt.load_file(os.path.join(path, fmt.shard_name(r, prefix)), expected.get(fmt.shard_name(r, prefix)))
+              for r in sorted(ranks)}
+    return _TagRead(path, prefix, metadata, states, fragments, shards, verified=files is not None)
 
 
 def _check_tensor_size(path: str, metadata: dict, size: int) -> None:
