@@ -260,7 +260,7 @@ def measure_peak(args, argv: list[str]) -> float | None:
 def main_parent(args, argv: list[str]) -> int:
     sys.path.insert(0, HERE)
     import bench_report as report
-    from bench_variants import DEEPSPEED_TWIN, TARGETS, VARIANTS
+    from bench_variants import DEEPSPEED_TWIN, TARGETS, TRACE_OFF_TWIN, VARIANTS
 
     names = [n.strip() for n in args.variants.split(",") if n.strip()]
     unknown = [n for n in names if n not in VARIANTS]
@@ -282,11 +282,13 @@ def main_parent(args, argv: list[str]) -> int:
         # the record at once (stderr), so a run stopped from outside keeps what it measured
         print(f"[bench] {label}: {results[-1]['status']} ({results[-1]['wall_s']}s) {json.dumps(results[-1])}",
               file=sys.stderr, flush=True)
-    final = report.add_mfu(with_ratios(results, TARGETS), peak)
+    final = report.add_trace_cost(report.add_mfu(with_ratios(results, TARGETS), peak), TRACE_OFF_TWIN)
     for record in final:
         print(json.dumps(record), flush=True)
     print(format_table(final), file=sys.stderr)
     print(report.format_details(final), file=sys.stderr)
+    if report.format_trace_costs(final):
+        print(report.format_trace_costs(final), file=sys.stderr)
     losses = report.loss_comparison(results, DEEPSPEED_TWIN)
     for row in losses:
         print(json.dumps(row), flush=True)
@@ -303,6 +305,9 @@ def main_parent(args, argv: list[str]) -> int:
                   + (f" vs plain_compile {row['ratio_vs_plain_compile']:.3f}" if "ratio_vs_plain_compile" in row else "")
                   + (f" target >={row['target_ratio']} {'met' if row['meets_target'] else 'MISSED'}"
                      if "target_ratio" in row else ""), file=sys.stderr)
+        medians = report.trace_costs({row["variant"]: row["tokens_per_s_median"] for row in summary}, TRACE_OFF_TWIN)
+        for name, cost in medians.items():
+            print(f"[median] {name}: the inf/NaN trace costs {100 * cost:.2f}% of a step", file=sys.stderr)
     return 0 if all(r["status"] != "error" for r in results) else 1
 
 

@@ -55,6 +55,28 @@ def add_mfu(results: list[dict], peak_tflops: float | None) -> list[dict]:
     return out
 
 
+def trace_costs(tokens_per_s: dict[str, float], twins: dict[str, str]) -> dict[str, float]:
+    """The inf/NaN trace's step cost per traced variant: 1 - its tokens/s over its ``_nantrace_off``
+    twin's (``twins``: off -> on), where both ran."""
+    return {on: round(1.0 - tokens_per_s[on] / tokens_per_s[off], 4) for off, on in twins.items()
+            if measured(tokens_per_s.get(on)) and measured(tokens_per_s.get(off))}
+
+
+def add_trace_cost(results: list[dict], twins: dict[str, str]) -> list[dict]:
+    """Each ok first run of a traced variant whose trace-off twin ran too, with ``trace_cost`` and
+    ``trace_off_twin`` (zero2 beside zero2_nantrace_off: 0.012 is a 1.2% slower step)."""
+    first = {r["variant"]: r["tokens_per_s"] for r in results if r["status"] == "ok" and "#" not in r["variant"]}
+    costs = trace_costs(first, twins)
+    off_of = {on: off for off, on in twins.items()}
+    return [dict(r, trace_cost=costs[r["variant"]], trace_off_twin=off_of[r["variant"]])
+            if r["variant"] in costs and r["status"] == "ok" else r for r in results]
+
+
+def format_trace_costs(rows: list[dict], key: str = "trace_cost") -> str:
+    return "\n".join(f"[trace] {r['variant']}: the inf/NaN trace costs {100 * r[key]:.2f}% of a step "
+                     f"(tokens/s vs {r['trace_off_twin']})" for r in rows if key in r)
+
+
 def bf16_step(value: float) -> float:
     """The spacing of bf16 numbers at ``value`` (8 significant bits): one bf16 step."""
     if value == 0 or not math.isfinite(value):

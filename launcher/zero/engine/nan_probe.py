@@ -1,4 +1,6 @@
-"""Which layer went non-finite: re-run a step's last micro-batch once, with hooks armed only for that run.
+"""Which layer went non-finite, where the step's own trace is off (``non_finite.trace`` false; the
+trace, nan_trace.py, sees the step itself): re-run a step's last micro-batch once, with hooks armed
+only for that run. An inf that does not repeat (one keyed on the step) is not seen by the re-run.
 
 Training pays nothing for this until a step's gradients (or loss) are inf/NaN: the engine keeps a
 reference to the last micro-batch's inputs, and at the job's first non-finite step every rank runs
@@ -27,9 +29,14 @@ class Finding:
     module: str                 # dotted name in the model; "" is the model itself
     module_type: str
     parameter: str | None       # the module's parameter holding (or receiving) inf/NaN, when one does
+    micro_batch: int | None = None   # found during the step (nan_trace.py): which micro-batch, 0-based
+    micro_batches: int = 1      # the step's micro-batches seen by the trace
+    after: str | None = None    # traced backward: the module whose output gradient was the first non-finite
 
     def describe(self) -> str:
         name = self.module or "(the model itself)"
+        if self.micro_batch is not None:
+            return self._describe_traced(name)
         what = "output" if self.phase == "forward" else "input gradient (its output gradient was finite)"
         text = f"first non-finite {what} in {'forward' if self.phase == 'forward' else 'backward'} order: " \
                f"{name} ({self.module_type}) on rank {self.rank}"
@@ -37,6 +44,16 @@ class Finding:
             text += f"; parameter {self.parameter} " + ("holds inf/NaN" if self.phase == "forward"
                                                          else "gets a non-finite gradient")
         return text
+
+    def _describe_traced(self, name: str) -> str:
+        where = f"{name} ({self.module_type}) on rank {self.rank}, micro-batch {self.micro_batch + 1} " \
+                f"of {self.micro_batches} of the step"
+        if self.phase == "forward":
+            return f"first non-finite output in forward order: {where}"
+        if self.after is None:
+            return f"first non-finite gradient in backward order: the output gradient of {where}"
+        return f"first non-finite gradient in backward order: in the backward of {where} (its output " \
+               f"gradient was finite, the next checked, of {self.after or '(the model itself)'}'s output, was not)"
 
 
 def _non_finite(value) -> bool:

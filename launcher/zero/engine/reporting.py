@@ -39,9 +39,8 @@ class Progress:
         self.config = config
         self.monitor = monitor
         #: the engine's StepWatch: ``progress_fields(samples/s)`` for the line, ``diagnosed`` once it explained
-        #: the job's first non-finite step (then a non-finite loss is warned of once, not at every step)
+        #: the job's first non-finite step (a non-finite loss is then not warned of: the watch said it)
         self.watch = watch
-        self._warned_non_finite = False
         self.timers = PhaseTimer(config.wall_clock_breakdown, synchronize)
         #: the progress line's "step=N/total" and ETA: a schedule's length, else what the script sets
         self.total_steps = total_steps
@@ -86,9 +85,8 @@ class Progress:
         loss = None
         if self._loss_sum is not None and read:
             loss = float(self._loss_sum.item()) / max(1, self._loss_count)
-            if not math.isfinite(loss) and not (self._warned_non_finite and self._explained()):
+            if not math.isfinite(loss) and not self._explained():   # the watch's message said it, for the job
                 self.monitor.warn(f"loss is {loss} at step {step}")
-                self._warned_non_finite = True
         self._loss_sum, self._loss_count = None, 0
         return loss
 

@@ -19,7 +19,8 @@ import time
 
 import torch
 
-from launcher.zero.engine.nan_probe import probe
+from launcher.zero.engine.nan_probe import Finding, probe
+from launcher.zero.engine.nan_trace import NanTrace
 from launcher.zero.errors import LossScaleAtMinimumError, NonFiniteError
 from launcher.zero.flops.counter import CountFailure, FlopCount, FlopCounter, eager_counting_supported
 from launcher.zero.flops.peak import peak_tflops, throughput_fields
@@ -56,10 +57,14 @@ class StepWatch:
         self._at_min_scale = 0
         self._previous_loss = None          # (device tensor of summed micro-batch losses, count, step)
         self._clock = EventClock()
+        self._trace: NanTrace | None = None   # hooks on every module, set at the first forward (nan_trace.py)
+        self._tracing = config.non_finite.trace
 
     # ---- the step's points ----------------------------------------------------------------
     def forward_begins(self, engine, args, kwargs) -> None:
-        if self.config.non_finite.diagnose:
+        if self._tracing:
+            self._trace_forward(engine)
+        elif self.config.non_finite.diagnose:
             self._inputs = (args, kwargs)   # references only: the re-run's inputs if this step goes non-finite
         if self._count_due(engine) and not self.counter.start():
             self._count_failed(self.counter.failure)
@@ -67,6 +72,27 @@ class StepWatch:
             self._sync()
             self._began = time.perf_counter()
             self.counter.forward_begins()
+
+    def _trace_forward(self, engine) -> None:
+        """Hook the module at its first forward (not under torch.compile: hooks would change what
+        compiles); then mark a new micro-batch."""
+        if self._trace is None:
+            if engine.is_compiled:
+                self._tracing = False
+                return
+            try:
+                self._trace = NanTrace(engine.module)
+            except Exception as error:   # the trace is the watch's; the step is the job's
+                self._tracing = False
+                self.monitor.warn(f"inf/NaN tracing off: {type(error).__name__}: {error}; training goes on")
+                return
+        self._trace.forward_begins()
+
+    def stop_tracing(self) -> None:
+        """Remove the trace's hooks (before engine.compile(), which must see the module as it is)."""
+        if self._trace is not None:
+            self._trace.remove()
+        self._trace, self._tracing = None, False
 
     def _count_due(self, engine) -> bool:
         """Whether this forward starts the count: the count step's first micro-step, not yet counted."""
@@ -132,6 +158,16 @@ class StepWatch:
                                       "or check the named layer") from None
 
     def after_step(self, engine) -> None:
+        try:
+            self._after_step(engine)
+        finally:
+            if self._trace is not None:
+                self._trace.reset()   # the step's reductions, unread when it went well
+                if self._trace.error is not None:   # the trace's own failure: one warning, then no trace
+                    self.monitor.warn(f"inf/NaN tracing off: {self._trace.error}; training goes on")
+                    self.stop_tracing()
+
+    def _after_step(self, engine) -> None:
         if self._profiling_step:
             self._profiling_step = False
             self._sync()
@@ -177,18 +213,12 @@ class StepWatch:
 
     # ---- the diagnosis ------------------------------------------------------------------------
     def _diagnosis(self, engine, step: int) -> str:
-        """The job's first non-finite step, said once: every rank re-runs its micro-batch, rank 0 tells."""
+        """The job's first non-finite step, said once: every rank reads its trace (or re-runs its
+        micro-batch where tracing is off), rank 0 tells."""
         if self._diagnosed:
             return f"non-finite loss or gradients at step {step} (where: said at the first one above)"
         self._diagnosed = True
-        finding, error = None, None
-        if self.config.non_finite.diagnose and self._inputs is not None:
-            try:
-                factor = engine.loss_scaler.scale if engine.loss_scaler is not None else 1.0
-                finding = probe(engine.module, self._inputs, self.rank, factor,
-                                backward=engine.strategy.stage < 3)
-            except Exception as failure:   # the diagnosis must never hide the step's own story
-                error = f"{type(failure).__name__}: {failure}"
+        finding, error = self._where(engine)
         previous = self._previous_loss
         mine = (finding, _mean(*engine.progress.pending_loss()),
                 _mean(previous[0], previous[1]) if previous else None, previous[2] if previous else None)
@@ -203,11 +233,13 @@ class StepWatch:
             head = "the loss was not seen by engine.backward"
         lines = [f"non-finite gradients at step {step}: {head}"]
         found = [entry[0] for entry in gathered if entry[0] is not None]
-        forward = [f for f in found if f.phase == "forward"]
-        if found:
-            lines.append((forward or found)[0].describe())
+        if found:   # the earliest micro-batch, its forward before its backward, then the lowest rank
+            lines.append(min(found, key=lambda f: (f.micro_batch or 0, f.phase != "forward", f.rank)).describe())
         elif error:
-            lines.append(f"the re-run of the last micro-batch could not look: {error}")
+            lines.append(f"the search for the module could not look: {error}")
+        elif self._trace is not None:
+            lines.append("no module's output or output gradient went non-finite on any rank (the inf/NaN came "
+                         "from code outside the modules: the loss function, or the gradients' reduction)")
         elif self.config.non_finite.diagnose:
             lines.append("a re-run of the step's last micro-batch stayed finite on every rank (the inf/NaN came "
                          "from an earlier micro-batch of the step, or does not repeat)")
@@ -217,6 +249,25 @@ class StepWatch:
         else:
             lines.append("last finite loss: none seen before this step")
         return "\n".join(lines)
+
+    def _where(self, engine) -> tuple[Finding | None, str | None]:
+        """This rank's first non-finite module: from the step's trace, else (tracing off) a re-run of
+        the last micro-batch; or why it could not look."""
+        try:
+            if self._trace is not None:
+                if self._trace.error is not None:
+                    return None, self._trace.error
+                found = self._trace.finding()
+                return (Finding(self.rank, found.phase, found.module, found.module_type, None,
+                                micro_batch=found.micro_batch, micro_batches=found.micro_batches,
+                                after=found.after) if found else None), None
+            if self.config.non_finite.diagnose and self._inputs is not None:
+                factor = engine.loss_scaler.scale if engine.loss_scaler is not None else 1.0
+                return probe(engine.module, self._inputs, self.rank, factor,
+                             backward=engine.strategy.stage < 3), None
+        except Exception as failure:   # the diagnosis must never hide the step's own story
+            return None, f"{type(failure).__name__}: {failure}"
+        return None, None
 
     def _gather(self, mine: tuple) -> list[tuple]:
         """Every rank's (finding, loss, last loss, its step), in rank order."""

@@ -233,9 +233,14 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         if self._update.stepped_by_optimizer:   # DeepSpeed's ZeRO optimizer fails on it too (TypeError)
             raise second_step("engine.step()")
         outcome = take_model_step(self.strategy, self.basic_optimizer, self.loss_scaler, self.lr_scheduler,
-                                  self._step_rules, self.counters, self.train_batch_size(), lr_kwargs, self.monitor.log)
+                                  self._step_rules, self.counters, self.train_batch_size(), lr_kwargs, self._skip_log())
         self._record(outcome)
         self._step_applied = outcome.applied
+
+    def _skip_log(self):
+        """Where a skipped step is said: fp16's overflow lines (the loss scaler's business); without
+        fp16 the watch's one message for the job says it (watch.py), so nothing here."""
+        return self.monitor.log if self.loss_scaler is not None else None
 
     def update_parameters(self) -> bool:
         """The optimizer update of one step without the scheduler or the counters, what DeepSpeed's
@@ -388,6 +393,7 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
                 compiled_autograd_enabled: bool = False) -> None:
         """torch.compile the module: whole at stages 0-2, per repeated block at stage 3; once."""
         if self._compiled is None:
+            self.watch.stop_tracing()   # hooks on every module would change what compiles
             self._compiled = compile_engine(self, backend, compile_kwargs, schedule, compiled_autograd_enabled)
 
     @property

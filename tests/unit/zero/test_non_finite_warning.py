@@ -1,6 +1,7 @@
-"""The per-rank "loss is nan at step N" warning: once for the job where the watch's diagnosis has
-already explained the first non-finite step, at every such step where nothing explained it (fp16,
-whose overflows are the loss scaler's business)."""
+"""The per-rank "loss is nan at step N" warning: never where the watch's one message for the job has
+explained the first non-finite step (nothing else about that step, nor later ones, which skipped=
+counts), at every such step where nothing explained it (fp16, whose overflows are the loss scaler's
+business)."""
 import pytest
 import torch
 
@@ -8,8 +9,8 @@ from launcher import zero
 from tests.helpers.gpt import GPT, TINY
 
 
-@pytest.mark.parametrize("precision, warnings", [({}, 1), ({"fp16": {"enabled": True}}, 2)])
-def test_a_non_finite_loss_is_warned_of_once_when_the_diagnosis_said_it(capsys, precision, warnings):
+@pytest.mark.parametrize("precision, warnings", [({}, 0), ({"fp16": {"enabled": True}}, 2)])
+def test_a_non_finite_loss_is_not_warned_of_when_the_diagnosis_said_it(capsys, precision, warnings):
     torch.manual_seed(0)
     model = GPT(TINY)
     poisoned = {"on": False}
@@ -29,4 +30,6 @@ def test_a_non_finite_loss_is_warned_of_once_when_the_diagnosis_said_it(capsys, 
     err = capsys.readouterr().err
     assert engine.skipped_steps == 2
     assert err.count("warning: loss is nan at step") == warnings, err
-    assert err.count("non-finite gradients at step 2:") == (1 if warnings == 1 else 0), err
+    assert err.count("non-finite gradients at step 2:") == (1 if warnings == 0 else 0), err
+    if warnings == 0:   # the watch's message alone: no "step skipped" line either
+        assert "step skipped" not in err, err
