@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from launcher.zero.errors import OptimizerStepError
+from launcher.zero.optim.no_optimizer import NoOptimizer
 
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.zero.engine.zero_engine import ZeroEngine
@@ -147,8 +148,12 @@ class ClientStep(EngineOptimizer):
         return getattr(self.optimizer, name)
 
 
-def handed_out_optimizer(engine: "ZeroEngine", record: UpdateRecord) -> EngineOptimizer:
-    """The optimizer object ``initialize`` returns for this engine (DeepSpeed's choice of wrapper)."""
+def handed_out_optimizer(engine: "ZeroEngine", record: UpdateRecord) -> EngineOptimizer | None:
+    """The optimizer object ``initialize`` returns for this engine (DeepSpeed's choice of wrapper);
+    None for an engine built without an optimizer at stage 0 in fp32 or fp16, as DeepSpeed's."""
+    if isinstance(engine.basic_optimizer, NoOptimizer) and engine.zero_config.zero_stage == 0 \
+            and not engine.zero_config.bf16.enabled:
+        return None
     if engine.zero_config.zero_stage > 0:
         return ZeroOptimizer(engine, record)
     if engine.precision.param_dtype != torch.float32:
