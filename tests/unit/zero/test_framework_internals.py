@@ -7,8 +7,10 @@ stage 3's hooks apart through the optimizer. Training through them is tests/dist
 import pytest
 import torch
 
+from launcher import zero
 from launcher.zero.config.load import load_config, no_effect_notes
 from launcher.zero.errors import ConfigError
+from launcher.zero.zero.partition_parameters import ZeroParamStatus
 
 
 @pytest.fixture(autouse=True)
@@ -31,3 +33,21 @@ def test_a_dotted_top_level_key_naming_a_nested_one_loads_with_a_note_and_change
 def test_a_dotted_key_that_names_no_nested_key_is_still_refused(key):
     with pytest.raises(ConfigError, match=f"unknown config key '{key}'"):
         load_config({"train_batch_size": 8, key: 1})
+
+
+def build(stage: int):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 2))   # 4160 and 130 elements
+    config = {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+              "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 1000}}
+    engine, optimizer, _, _ = zero.initialize(model=model, config=config)
+    return engine, optimizer
+
+
+def test_at_zero3_every_parameter_carries_deepspeeds_status_persistent_ones_available():
+    engine, _ = build(3)
+    big, big_bias, small, small_bias = engine.module.parameters()
+    assert big.ds_status == ZeroParamStatus.NOT_AVAILABLE and not getattr(big, "ds_persist", False)
+    for whole in (big_bias, small, small_bias):     # under the persistence threshold: kept whole on every rank
+        assert whole.ds_persist and whole.ds_status == ZeroParamStatus.AVAILABLE
+        assert whole.ds_numel == whole.numel() and whole.ds_shape == whole.shape
