@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from launcher.zero.errors import OptimizerStepError
+from launcher.zero.errors import NotSupportedError, OptimizerStepError
 from launcher.zero.optim.no_optimizer import NoOptimizer
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -123,6 +123,21 @@ class EngineOptimizer:
 
 class ZeroOptimizer(EngineOptimizer, ZeROOptimizer):
     """ZeRO stages 1-3: DeepSpeed's DeepSpeedZeroOptimizer / DeepSpeedZeroOptimizer_Stage3."""
+
+    def __getattr__(self, name: str):
+        """DeepSpeed stage 3's hook machinery, which TRL's ``unwrap_model_for_generation`` takes apart
+        around generation (``remove_hooks``/``add_hooks``), is not this engine's: say so by name."""
+        if name in STAGE3_HOOK_INTERNALS and self.engine.zero_config.zero_stage == 3:
+            raise NotSupportedError(f"optimizer.{name}: DeepSpeed ZeRO-3's parameter-offload hooks and coordinator "
+                                    "are internals this engine does not have (TRL reaches them to generate with the "
+                                    "model gathered whole)",
+                                    hint="generate with the model partitioned: TRL's ds3_gather_for_generation=False")
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+
+#: what TRL's remove_hooks/add_hooks read off DeepSpeed's stage-3 optimizer (trl.models.utils)
+STAGE3_HOOK_INTERNALS = ("parameter_offload", "param_coordinator", "forward_hooks", "backward_hooks",
+                         "_register_deepspeed_module")
 
 
 class MixedPrecisionOptimizer(EngineOptimizer, DeepSpeedOptimizer):

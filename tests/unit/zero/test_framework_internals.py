@@ -9,7 +9,7 @@ import torch
 
 from launcher import zero
 from launcher.zero.config.load import load_config, no_effect_notes
-from launcher.zero.errors import ConfigError
+from launcher.zero.errors import ConfigError, NotSupportedError
 from launcher.zero.zero.partition_parameters import ZeroParamStatus
 
 
@@ -51,3 +51,16 @@ def test_at_zero3_every_parameter_carries_deepspeeds_status_persistent_ones_avai
     for whole in (big_bias, small, small_bias):     # under the persistence threshold: kept whole on every rank
         assert whole.ds_persist and whole.ds_status == ZeroParamStatus.AVAILABLE
         assert whole.ds_numel == whole.numel() and whole.ds_shape == whole.shape
+
+
+def test_stage3s_hook_internals_are_named_as_not_supported_other_attributes_stay_absent():
+    _, optimizer = build(3)
+    with pytest.raises(NotSupportedError, match="optimizer.parameter_offload: DeepSpeed ZeRO-3's") as error:
+        optimizer.parameter_offload
+    assert "ds3_gather_for_generation=False" in error.value.hint
+    assert not hasattr(optimizer, "no_such_thing")
+
+
+def test_below_stage3_the_hook_internals_are_plainly_absent_as_in_deepspeed():
+    _, optimizer = build(2)
+    assert not hasattr(optimizer, "parameter_offload")
