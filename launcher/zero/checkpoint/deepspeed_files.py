@@ -30,21 +30,25 @@ def _ours(checkpoint_dir: str, helper: str, wanted: str) -> NotSupportedError:
 
 def get_checkpoint_files(checkpoint_dir, glob_pattern: str) -> list[str]:
     """The files of a tag folder matching ``glob_pattern``, in natural order (rank 2 before rank 10)."""
+    return _find(checkpoint_dir, glob_pattern, "get_checkpoint_files")
+
+
+def _find(checkpoint_dir, glob_pattern: str, helper: str) -> list[str]:
     checkpoint_dir = os.fspath(checkpoint_dir)
     files = sorted(glob.glob(os.path.join(checkpoint_dir, glob_pattern)), key=_natural_key)
     if not files:
         if os.path.isfile(os.path.join(checkpoint_dir, fmt.METADATA)):
-            raise _ours(checkpoint_dir, "get_checkpoint_files", glob_pattern)
+            raise _ours(checkpoint_dir, helper, glob_pattern)
         raise FileNotFoundError(f"can't find {glob_pattern} files in directory '{checkpoint_dir}'")
     return files
 
 
 def get_optim_files(checkpoint_dir) -> list[str]:
-    return get_checkpoint_files(checkpoint_dir, "*_optim_states.pt")
+    return _find(checkpoint_dir, "*_optim_states.pt", "get_optim_files")
 
 
 def get_model_state_files(checkpoint_dir) -> list[str]:
-    return get_checkpoint_files(checkpoint_dir, "*_model_states.pt")
+    return _find(checkpoint_dir, "*_model_states.pt", "get_model_state_files")
 
 
 def get_model_state_file(checkpoint_dir, zero_stage: int) -> str:
