@@ -132,6 +132,12 @@ class ZeroOptimizer(EngineOptimizer, ZeROOptimizer):
                                     "are internals this engine does not have (TRL reaches them to generate with the "
                                     "model gathered whole)",
                                     hint="generate with the model partitioned: TRL's ds3_gather_for_generation=False")
+        if name in ("offload_states", "reload_states"):
+            raise NotSupportedError(f"optimizer.{name}: moving the optimizer's states to the host between steps and "
+                                    "back (DeepSpeed 0.19's offload_states/reload_states, as RLHF frameworks call "
+                                    "around generation) is not built in this engine",
+                                    hint='keep the states on the device, or set "offload_optimizer": {"device": '
+                                         '"cpu"} to keep them on the host throughout')
         raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
 

@@ -64,3 +64,11 @@ def test_stage3s_hook_internals_are_named_as_not_supported_other_attributes_stay
 def test_below_stage3_the_hook_internals_are_plainly_absent_as_in_deepspeed():
     _, optimizer = build(2)
     assert not hasattr(optimizer, "parameter_offload")
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_offload_states_and_reload_states_are_named_as_not_supported(stage):
+    _, optimizer = build(stage)
+    for name in ("offload_states", "reload_states"):
+        with pytest.raises(NotSupportedError, match=f"optimizer.{name}: moving the optimizer's states"):
+            getattr(optimizer, name)()
