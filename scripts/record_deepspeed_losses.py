@@ -20,6 +20,11 @@ Accelerate script turns it into ``PartialState(cpu=True)`` before ``Accelerator(
 ``Accelerator(cpu=True)`` (and ``accelerate launch --use_cpu``) quietly drops the DeepSpeed plugin.
 
     scripts/record_deepspeed_losses.py --python /work/dsref/bin/python [--only trainer_zero2 ...]
+
+DeepSpeed JIT-builds its CPU ops (FusedAdam, the shm all-reduce) into ~/.cache/torch_extensions, one
+folder per op for every DeepSpeed install on the machine: two installs in turn rebuild each other's ops,
+and a run killed mid-build leaves a ``lock`` file that every later run waits on forever. Record with the
+machine's one DeepSpeed install, or give another its own ``TORCH_EXTENSIONS_DIR``.
 """
 from __future__ import annotations
 

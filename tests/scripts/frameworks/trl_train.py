@@ -5,7 +5,8 @@ downloaded): TRL loads the model, and for DPO the reference model, from it, buil
 ``zero.Init`` at ZeRO-3, and at DPO wraps the reference model in an optimizer-less DeepSpeed engine
 (``trl.models.prepare_deepspeed``). fp32 (``--bf16 false``; TRL's default is bf16). Rank 0 writes
 the loss of every optimizer step to ``--report`` (JSON). Nothing here knows which engine runs it;
-TRL has no CPU guard of its own (the Trainer's ``--use_cpu`` keeps DeepSpeed on with gloo).
+TRL has no CPU guard of its own (the Trainer's ``use_cpu`` keeps DeepSpeed on with gloo); the script
+starts DeepSpeed's process group itself, as the Trainer's arguments do on a GPU (see ``main``).
 
     torchrun --nproc_per_node 2 trl_train.py --trainer dpo --deepspeed ../hf/configs/zero3.json \
         --output_dir out --report out/report.json
@@ -20,6 +21,7 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import deepspeed  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
@@ -70,7 +72,12 @@ def trainer_for(args, model_name: str, callback: StepLosses):
 def main() -> None:
     args = parse_args()
     rank = int(os.environ.get("RANK", "0"))
-    model_name = str(save_tiny_model(Path(args.output_dir) / f"tiny-llama-rank{rank}"))
+    model_name = str(save_tiny_model(Path(args.output_dir) / f"tiny-llama-rank{rank}"))   # before the group:
+    # with one, save_pretrained writes on the main process only
+    # On a GPU the Trainer's arguments start DeepSpeed's process group (accelerate's DeepSpeed state calls
+    # deepspeed.init_distributed) before TRL loads the model; with use_cpu they start plain gloo, and
+    # DeepSpeed's zero.Init (ZeRO-3) then sizes its config at world size 1. So the script starts it, on gloo.
+    deepspeed.init_distributed(dist_backend="gloo")
     callback = StepLosses()
     trainer = trainer_for(args, model_name, callback)
     trainer.train()
