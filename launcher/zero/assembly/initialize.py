@@ -26,6 +26,7 @@ from launcher.zero.experts.param_groups import configure_moe_param_groups
 from launcher.zero.experts.wiring import check_param_groups, refuse_in_pipeline, set_up_experts
 from launcher.zero.failure import install_from_env
 from launcher.zero.optim import check_zero_support
+from launcher.zero.optim.no_optimizer import NoOptimizer
 from launcher.zero.parallel.topology import check_autotp_size
 from launcher.zero.pipeline.module import PipelineModule
 from launcher.zero.precision.loss_scaler import LossScaler, rules_from_config
@@ -70,6 +71,8 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     tensor_info = _tensor_parallel_info(mpu, model) if mpu is not None else None   # before stage 3 partitions
     experts = set_up_experts(model, dist_context, cfg, mpu)   # MoE: expert groups built and handed out
     params = list(model_parameters) if model_parameters is not None else list(model.parameters())
+    if optimizer is None and cfg.optimizer is None:   # for evaluation: DeepSpeed's DummyOptim holds every parameter
+        params = list(model.parameters())
     # full sizes: a model built under zero.Init is partitioned already (ds_numel), others are before stage 3 runs
     param_count = sum(int(getattr(p, "ds_numel", p.numel())) for p in model.parameters())
     optimizer, handles_comm = _client_optimizer(optimizer, params, experts, cfg, dist_context)
@@ -98,7 +101,8 @@ def _client_optimizer(optimizer, params, experts, cfg, dist_context: DistContext
     optimizer = client_optimizer(optimizer, params, cfg, process_group=dist_context.group,
                                  offload=bool(cfg.zero_optimization.offload_optimizer_active))
     check_param_groups(experts, optimizer.param_groups)
-    check_zero_support(optimizer, cfg.zero_stage, cfg.zero_allow_untested_optimizer)
+    if not isinstance(optimizer, NoOptimizer):
+        check_zero_support(optimizer, cfg.zero_stage, cfg.zero_allow_untested_optimizer)
     handles_comm = bool(getattr(optimizer, "handles_gradient_communication", False))
     if handles_comm and cfg.zero_stage != 0:
         raise ConfigError(f"optimizer {type(optimizer).__name__} does its own gradient communication and needs "

@@ -107,11 +107,25 @@ def build_config(raw: dict) -> ZeroConfig:
     zero = raw.get("zero_optimization")
     if isinstance(zero, Mapping) and zero.get("cpu_offload") is True and "offload_optimizer" not in zero:
         raw["zero_optimization"] = {**zero, "offload_optimizer": {"device": "cpu"}}
-    unsupported = {key: raw.pop(key) for key in list(raw) if key in ACCEPTED_UNSUPPORTED}
+    unsupported = {key: raw.pop(key) for key in list(raw) if key in ACCEPTED_UNSUPPORTED or _names_nested_key(key)}
     values = _build_section(ZeroConfig, raw, "")
     config = ZeroConfig(**values, unsupported=unsupported, raw=_jsonable(given))
     _check_semantics(config)
     return config
+
+
+def _names_nested_key(key: Any) -> bool:
+    """A top-level key spelling a nested one with dots (``"zero_optimization.reduce_bucket_size"``, as TRL's
+    ``prepare_deepspeed`` writes them). DeepSpeed reads no key so and ignores it; so does this engine, saying so."""
+    if not isinstance(key, str) or "." not in key:
+        return False
+    section: Any = ZeroConfig
+    for part in key.split("."):
+        fields = {f.name: f for f in dataclasses.fields(section)} if dataclasses.is_dataclass(section) else {}
+        if part not in fields:
+            return False
+        section = fields[part].metadata.get("section")
+    return True
 
 
 def _build_section(cls: type, raw: Any, prefix: str) -> dict:
@@ -218,7 +232,10 @@ def _named(value: Any, key: str) -> NamedConfig:
 
 def no_effect_notes(config: ZeroConfig) -> list[str]:
     """One line for each setting that loads but changes nothing here, for the engine to print."""
-    notes = [f"config section '{name}' is accepted but has no effect in this engine" for name in config.unsupported]
+    notes = [f"config section '{name}' is accepted but has no effect in this engine" for name in config.unsupported
+             if "." not in name]
+    notes += [f"config key '{name}' is a top-level key with dots, not the nested key it spells: DeepSpeed reads no "
+              "key so and neither does this engine, so it has no effect" for name in config.unsupported if "." in name]
     notes += [f"config key '{key}' ({'set' if dataclasses.is_dataclass(value) else repr(value)}) is accepted "
               "but has no effect in this engine" for key, value in _set_without_effect(config, "")]
     for section in ("offload_optimizer", "offload_param"):
