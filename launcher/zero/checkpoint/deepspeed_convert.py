@@ -62,10 +62,12 @@ def convert(checkpoint_dir, output_dir, tag: str | None = None, world_size: int 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="dslaunch-to-deepspeed", description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoint_dir", help="the save_dir of a checkpoint (holds 'latest'): this engine's or DeepSpeed's")
+    parser.add_argument("checkpoint_dir",
+                        help="the save_dir of a checkpoint (holds 'latest'): this engine's or DeepSpeed's")
     parser.add_argument("output_dir", help="where to write DeepSpeed's layout (the DeepSpeed job's load_dir)")
     parser.add_argument("-t", "--tag", default=None, help="checkpoint tag (default: the one in 'latest')")
-    parser.add_argument("--world_size", type=int, default=None, help="DeepSpeed's data-parallel size (default: as saved)")
+    parser.add_argument("--world_size", type=int, default=None,
+                        help="DeepSpeed's data-parallel size (default: as saved)")
     parser.add_argument("--stage", type=int, choices=(0, 1, 2, 3), default=None, help="DeepSpeed's ZeRO stage")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="DeepSpeed's precision")
     parser.add_argument("--sub_group_size", type=int, default=1_000_000_000,

@@ -120,8 +120,9 @@ class Foreign:
         instance.__dict__["_args"] = args
         return instance
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, **kwargs):   # called only when pickle rebuilt it as cls(*args)
         self.__dict__["_args"] = args
+        self.__dict__["_called"] = True
 
     def __setstate__(self, state):
         self.__dict__.update(state if isinstance(state, dict) else {"state": state})
@@ -177,9 +178,7 @@ def deepspeed_object(path: str, **fields):
 
 def deepspeed_call(path: str, *args):
     """A value DeepSpeed unpickles as ``path(*args)`` (an enum member, a named tuple)."""
-    instance = foreign_class(path)(*args)
-    instance.__dict__["_called"] = True
-    return instance
+    return foreign_class(path)(*args)
 
 
 def plain(value):

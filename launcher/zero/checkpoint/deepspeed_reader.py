@@ -38,15 +38,15 @@ class DeepSpeedCheckpoint:
         self.states_file = os.path.join(path, name)
         self.states = layout.load(self.states_file, "DeepSpeed's model states")
         config = self.states.get("ds_config") or {}
-        self.stage = 3 if self.stage3 else int((config.get("zero_optimization") or {}).get("stage", 0))
-        self.bf16 = _enabled(config, "bf16") or _enabled(config, "bfloat16")
-        self.fp16 = _enabled(config, "fp16")
+        dtype = self._param_dtype()
+        self.bf16, self.fp16 = dtype == torch.bfloat16, dtype == torch.float16
         self.world_size = int(self._required(self.states, "dp_world_size", self.states_file))
-        self._check_supported(config)
+        self._optim_cache: dict[int, tuple[str, dict]] = {}
+        self.stage = self._stage(config)
+        self._check_supported()
         self.groups = self._group_shapes(group_names)
         self.pieces = self._pieces(config)
         self._full_params: dict | None = None
-        self._optim_cache: dict[int, tuple[str, dict]] = {}
 
     # ---- what load_checkpoint reads ---------------------------------------------------------------
     def metadata(self) -> dict:
@@ -97,7 +97,28 @@ class DeepSpeedCheckpoint:
         return self._full_params
 
     # ---- layout -------------------------------------------------------------------------------------
-    def _check_supported(self, config: dict) -> None:
+    def _param_dtype(self) -> torch.dtype:
+        """The training precision: the dtype DeepSpeed kept the module's parameters in (stage 3's
+        placeholders keep it too)."""
+        module = self._required(self.states, "module", self.states_file)
+        buffers = set(self.states.get("buffer_names") or ())
+        dtypes = [value.dtype for key, value in module.items()
+                  if key not in buffers and torch.is_tensor(value) and value.is_floating_point()]
+        return dtypes[0] if dtypes else torch.float32
+
+    def _stage(self, config: dict) -> int:
+        """The ZeRO stage from the files: stage 3 has per-rank model states, stage 0 no parameter
+        shapes; else the zero_stage in rank 0's optimizer states (absent from what DeepSpeed's bf16
+        optimizer writes at stage 1: the config's stage then)."""
+        if self.stage3:
+            return 3
+        if self.states.get("param_shapes") is None:
+            return 0
+        _, saved = self._optim_states(0)
+        stage = layout.plain(saved.get("zero_stage", (config.get("zero_optimization") or {}).get("stage", 1)))
+        return int(stage)
+
+    def _check_supported(self) -> None:
         unsupported = []
         if self.states.get("mp_world_size", 1) != 1:
             unsupported.append(f"tensor parallelism (mp_world_size {self.states['mp_world_size']})")
@@ -304,11 +325,6 @@ def _alignment_paddings(numels: list[tuple[str, int]], element_size: int) -> lis
         paddings.append(padding)
         offset += padding
     return paddings
-
-
-def _enabled(config: dict, section: str) -> bool:
-    value = config.get(section)
-    return bool(value.get("enabled", False)) if isinstance(value, dict) else False
 
 
 def _numel(shape) -> int:

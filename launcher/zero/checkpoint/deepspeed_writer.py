@@ -87,8 +87,9 @@ def write(gathered: Gathered, save_dir: str, tag: str, target: Target, save_late
         writer = _stage3_optim_states if target.stage == 3 else _stage12_optim_states
         for rank in range(target.world_size):
             name = layout.optim_states_name(rank, target.dtype == torch.bfloat16)
-            layout.save({"optimizer_state_dict": writer(gathered, target, rank), "ds_config": _config(gathered),
-                         "ds_version": layout.DEEPSPEED_VERSION}, os.path.join(path, name))
+            saved = {"optimizer_state_dict": writer(gathered, target, rank),
+                     "ds_config": _target_config(gathered, target), "ds_version": layout.DEEPSPEED_VERSION}
+            layout.save(saved, os.path.join(path, name))
     if save_latest:
         with open(os.path.join(save_dir, "latest"), "w", encoding="utf-8") as handle:
             handle.write(str(tag))
@@ -112,8 +113,9 @@ def _model_states(gathered: Gathered, target: Target, rank: int) -> dict:
               "skipped_steps": states.get("skipped_steps", 0), "global_steps": states["global_steps"],
               "global_samples": states.get("global_samples"), "dp_world_size": target.world_size,
               "mp_world_size": 1, "checkpoint_parallel_dimensions": {"pp_degree": 1, "tp_degree": 1},
-              "ds_config": _config(gathered), "ds_version": layout.DEEPSPEED_VERSION}
-    record.update(states.get("client_state") or {})
+              "ds_config": _target_config(gathered, target), "ds_version": layout.DEEPSPEED_VERSION}
+    # the client state sits beside DeepSpeed's keys; one read from a DeepSpeed folder holds those keys too
+    record.update({k: v for k, v in (states.get("client_state") or {}).items() if k not in record})
     return record
 
 
@@ -141,7 +143,8 @@ def _buffer_names(gathered: Gathered) -> list[str]:
 def _frozen(gathered: Gathered, target: Target, rank: int) -> tuple[dict, dict] | None:
     """Frozen parameters whole, and what DeepSpeed keeps of them on ``rank`` (stage 3: its slice)."""
     names = gathered.metadata.get("frozen_params") or []
-    whole = OrderedDict((n, gathered.states["module"][n].to(target.dtype)) for n in names if n in gathered.states["module"])
+    module = gathered.states["module"]
+    whole = OrderedDict((n, module[n].to(target.dtype)) for n in names if n in module)
     if target.stage < 3:
         return whole, OrderedDict((n, v.clone()) for n, v in whole.items())
     fragments = OrderedDict()
@@ -243,7 +246,8 @@ def _partition(gathered: Gathered, pieces: list, size: int) -> tuple[torch.Tenso
         cut = slice(piece.param_start, piece.param_start + piece.numel)
         fp32[piece.offset:piece.offset + piece.numel] = gathered.fp32[piece.name][cut]
         for key, value in gathered.moments[piece.name].items():
-            moments.setdefault(key, torch.zeros(size, dtype=value.dtype))[piece.offset:piece.offset + piece.numel] = value[cut]
+            into = moments.setdefault(key, torch.zeros(size, dtype=value.dtype))
+            into[piece.offset:piece.offset + piece.numel] = value[cut]
     return fp32, moments
 
 
@@ -300,6 +304,16 @@ def _fp16_optimizer_scale(gathered: Gathered) -> dict:
 def _config(gathered: Gathered) -> dict:
     config = gathered.states.get("ds_config")
     return config if isinstance(config, dict) else {}
+
+
+def _target_config(gathered: Gathered, target: Target) -> dict:
+    """The saved config with the stage and precision written (what DeepSpeed's job should run)."""
+    config = dict(_config(gathered))
+    config["zero_optimization"] = {**(config.get("zero_optimization") or {}), "stage": target.stage}
+    for section, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        config[section] = {**(config.get(section) or {}), "enabled": target.dtype == dtype}
+    config.pop("bfloat16", None)
+    return config
 
 
 def _clip(gathered: Gathered) -> float:

@@ -1,0 +1,70 @@
+"""A running DeepSpeed job switched over to this engine mid-training (issue 41 item 4).
+
+DeepSpeed 0.19.8 ran tests/dist/workers/switch_worker.py for 4 steps and saved a checkpoint, then
+continued it to step 8 from that checkpoint (scripts/record_deepspeed_switch.py: the checkpoints are
+in tests/data/deepspeed-0.19.8/switch/, the losses in switch.json). Here this engine's
+``load_checkpoint`` takes the same folder and continues the run, at the world size DeepSpeed saved
+with and at the other one (1 <-> 2 ranks, which DeepSpeed itself cannot do without a conversion);
+every step's loss must be the one DeepSpeed's own continuation produced.
+
+fp16 is absent: DeepSpeed's CPU accelerator refuses it ("Type fp16 is not supported on your device").
+"""
+import json
+
+import pytest
+
+from tests.helpers.recorded import DATA, FP32_TOLERANCE
+from tests.helpers.world import REPO, check, run_world
+
+WORKER = REPO / "tests" / "dist" / "workers" / "switch_worker.py"
+RECORD = DATA / "switch.json"
+# bf16 weights round to 8 bits: two runs whose sums differ in order land one rounding apart (measured below)
+BF16_TOLERANCE = 2e-3
+# DeepSpeed's stage-0 bf16 path steps its own way (FP16_Optimizer; docs/engine/zero.md, Precision)
+STAGE0_BF16_TOLERANCE = 0.06
+
+
+def recorded_cases() -> list[str]:
+    if not RECORD.exists():
+        return []
+    return sorted(name for name, case in json.loads(RECORD.read_text())["cases"].items() if "resumed" in case)
+
+
+def tolerance(case: dict) -> float:
+    if case["precision"] == "fp32":
+        return FP32_TOLERANCE
+    return STAGE0_BF16_TOLERANCE if case["stage"] == 0 else BF16_TOLERANCE
+
+
+def continue_on_this_engine(case: dict, folder, world_size: int, tmp_path) -> dict:
+    out = tmp_path / "ours.json"
+    check(run_world(WORKER, world_size, str(case["stage"]), case["precision"], "--engine", "dslaunch",
+                    "--load", str(folder), "--out", str(out), timeout=150))
+    return json.loads(out.read_text())
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("other_world_size", [False, True], ids=["same-world-size", "other-world-size"])
+@pytest.mark.parametrize("name", recorded_cases())
+def test_a_deepspeed_checkpoint_continues_with_deepspeeds_losses(name, other_world_size, tmp_path):
+    case = json.loads(RECORD.read_text())["cases"][name]
+    world_size = 3 - case["world_size"] if other_world_size else case["world_size"]
+    ours = continue_on_this_engine(case, DATA / "switch" / name, world_size, tmp_path)
+    theirs = case["resumed"]
+    assert ours["loaded"]["global_steps"] == theirs["loaded"]["global_steps"] == 4
+    assert ours["loaded"]["global_samples"] == theirs["loaded"]["global_samples"]
+    assert ours["loaded"]["client_state"] == theirs["loaded"]["client_state"]
+    assert sorted(ours["steps"]) == sorted(theirs["steps"]) == ["4", "5", "6", "7"]
+    gaps = {step: abs(ours["steps"][step]["loss"] - theirs["steps"][step]["loss"]) for step in theirs["steps"]}
+    assert max(gaps.values()) <= tolerance(case), f"{name} at {world_size} rank(s): per-step loss gaps {gaps}"
+    lrs = [(ours["steps"][step]["lr"], theirs["steps"][step]["lr"]) for step in sorted(gaps)]
+    assert [mine for mine, _ in lrs] == pytest.approx([reference for _, reference in lrs])
+    assert ours["global_steps"] == theirs["global_steps"] == 8
+
+
+def test_the_recorded_continuations_are_deepspeeds_straight_runs():
+    """The reference itself: DeepSpeed resumed from its checkpoint trains as it did without stopping."""
+    cases = json.loads(RECORD.read_text())["cases"]
+    for name in recorded_cases():
+        straight, resumed = cases[name]["straight"]["steps"], cases[name]["resumed"]["steps"]
+        assert all(resumed[s]["loss"] == pytest.approx(straight[s]["loss"], abs=1e-6) for s in resumed), name
