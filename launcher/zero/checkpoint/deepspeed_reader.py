@@ -42,8 +42,8 @@ class DeepSpeedCheckpoint:
         self.bf16, self.fp16 = dtype == torch.bfloat16, dtype == torch.float16
         self.world_size = int(self._required(self.states, "dp_world_size", self.states_file))
         self._optim_cache: dict[int, tuple[str, dict]] = {}
-        self.stage = self._stage(config)
         self._check_supported()
+        self.stage = self._stage(config)
         self.groups = self._group_shapes(group_names)
         self.pieces = self._pieces(config)
         self._full_params: dict | None = None
@@ -114,8 +114,11 @@ class DeepSpeedCheckpoint:
             return 3
         if self.states.get("param_shapes") is None:
             return 0
-        _, saved = self._optim_states(0)
+        path, saved = self._optim_states(0)
         stage = layout.plain(saved.get("zero_stage", (config.get("zero_optimization") or {}).get("stage", 1)))
+        if stage not in (1, 2):
+            raise DeepSpeedCheckpointError(f"{path}: zero_stage {stage!r} with stage 1/2 files",
+                                           hint="the file is not one DeepSpeed 0.19.8 wrote, or it is damaged")
         return int(stage)
 
     def _check_supported(self) -> None:
@@ -126,8 +129,10 @@ class DeepSpeedCheckpoint:
             unsupported.append("pipeline parallelism")
         if "num_experts" in self.states:
             unsupported.append("Mixture of Experts")
-        if self.stage not in (0, 1, 2, 3):
-            unsupported.append(f"ZeRO stage {self.stage}")
+        if os.path.isdir(os.path.join(self.path, "offloaded_tensors")):
+            unsupported.append("optimizer states offloaded to NVMe (offloaded_tensors/)")
+        if os.path.isdir(os.path.join(self.path, "zero")):
+            unsupported.append("the universal layout (zero/)")
         if unsupported:
             raise DeepSpeedCheckpointError(
                 f"{self.states_file}: a DeepSpeed checkpoint with {', '.join(unsupported)} cannot be continued here",

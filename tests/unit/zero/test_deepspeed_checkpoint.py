@@ -34,19 +34,21 @@ def full_moments(source: DeepSpeedCheckpoint) -> dict:
     return {name: gathered.moments[name] for name in NAMES}
 
 
-def test_the_recorded_folders_cover_every_stage_both_precisions_and_world_sizes():
-    assert sorted(CASES) == sorted(f"zero{s}-{p}-ws{w}" for s in range(4) for p in ("fp32", "bf16") for w in (1, 2))
-    record = json.loads((DATA / "switch.json").read_text())["cases"]
-    assert all("Type fp16 is not supported" in record[f"zero{s}-fp16-ws{w}"]["error"] for s in range(4) for w in (1, 2))
+def test_the_recorded_folders_cover_every_stage_precision_and_world_size():
+    expected = [f"zero{s}-{p}-ws{w}" for s in range(4) for p in ("fp32", "bf16", "fp16") for w in (1, 2)]
+    assert sorted(CASES) == sorted(expected)
+    record = json.loads((DATA / "switch.json").read_text())
+    assert all("resumed" in record["cases"][name] for name in expected)
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_every_case_holds_the_same_run(case):
     """One run at every stage and world size: the weights agree to summation order, the Adam
     moments too, and the step is 4 (FusedAdam counts it on a group's last parameter only)."""
-    stage, precision = case.split("-")[:2]
-    # DeepSpeed's stage-0 bf16 optimizer steps its own way (docs/engine/zero.md, Precision): its own reference
-    ours, reference = reader(case), reader(f"{'zero0' if case.startswith('zero0-bf16') else 'zero1'}-{precision}-ws2")
+    precision = case.split("-")[1]
+    # DeepSpeed's stage-0 16-bit optimizer steps its own way (docs/engine/zero.md, Precision): its own reference
+    zero0_16bit = case.startswith("zero0-") and precision != "fp32"
+    ours, reference = reader(case), reader(f"{'zero0' if zero0_16bit else 'zero1'}-{precision}-ws2")
     for name in NAMES:
         torch.testing.assert_close(ours.full_fp32_params()[name], reference.full_fp32_params()[name],
                                    atol=2e-6 if precision == "fp32" else 1e-2, rtol=0)
@@ -55,7 +57,7 @@ def test_every_case_holds_the_same_run(case):
         torch.testing.assert_close(mine[name]["exp_avg"], theirs[name]["exp_avg"],
                                    atol=1e-5 if precision == "fp32" else 2e-2, rtol=0)
     steps = {float(f["scalars"]["step"]) for r in range(len(ours.pieces)) for f in ours.shard(r)["fragments"]}
-    assert steps == ({5.0} if case.startswith("zero0-bf16") else {4.0})   # FP16_Optimizer steps once at start
+    assert steps == ({5.0} if zero0_16bit else {4.0})   # FP16_Optimizer steps once at start
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.startswith(("zero1", "zero2")) and c.endswith("ws2")])
@@ -115,6 +117,14 @@ def test_a_missing_key_is_an_error_naming_file_and_key(tmp_path):
         DeepSpeedCheckpoint(str(folder)).shard(0)
 
 
+@pytest.mark.parametrize("folder,what", [("zero", "the universal layout"), ("offloaded_tensors", "NVMe")])
+def test_what_cannot_be_continued_is_refused_with_its_reason(folder, what, tmp_path):
+    shutil.copytree(SWITCH / "zero2-fp32-ws2" / "global_step4", tmp_path / "global_step4")
+    (tmp_path / "global_step4" / folder).mkdir()
+    with pytest.raises(DeepSpeedCheckpointError, match=f"mp_rank_00_model_states.pt: a DeepSpeed checkpoint with .*{what}"):
+        DeepSpeedCheckpoint(str(tmp_path / "global_step4"))
+
+
 def test_deepspeed_objects_round_trip_without_deepspeed(tmp_path):
     value = {"scaler": layout.deepspeed_object(layout.DYNAMIC_SCALER, cur_scale=256.0, cur_iter=7),
              "stage": layout.deepspeed_call(layout.ZERO_STAGE_ENUM, 2)}
@@ -158,3 +168,13 @@ def test_convert_defaults_to_the_saved_world_size_stage_and_precision(tmp_path):
     metadata, _, _, tag = open_checkpoint(str(tmp_path / "out"))
     assert (tag, metadata["world_size"], metadata["stage"], metadata["param_dtype"]) == ("global_step4", 2, 3,
                                                                                           "torch.bfloat16")
+
+
+@pytest.mark.parametrize("case", ["zero0-fp32-ws2", "zero2-bf16-ws2", "zero3-fp32-ws1"])
+def test_zero_to_fp32_of_ours_reads_a_deepspeed_folder(case):
+    """deepspeed.utils.zero_to_fp32 (this engine's, under --as-deepspeed) on DeepSpeed's own folder."""
+    from launcher.zero.checkpoint.consolidate import get_fp32_state_dict_from_zero_checkpoint
+
+    state = get_fp32_state_dict_from_zero_checkpoint(SWITCH / case)
+    assert list(state) == NAMES and all(value.dtype == torch.float32 for value in state.values())
+    assert all(torch.equal(state[name], reader(case).full_fp32_params()[name]) for name in NAMES)
