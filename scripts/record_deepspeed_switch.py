@@ -9,7 +9,9 @@ run's report) and the checkpoint folders under tests/data/deepspeed-<version>/sw
 out). tests/dist/test_deepspeed_switch.py continues those checkpoints on this engine and compares.
 
 DeepSpeed runs on CPU as in record_deepspeed_losses.py (``DS_ACCELERATOR=cpu``, gloo, torchrun). Its
-CPU accelerator has no fp16: those cases record the error it stops with. Give DeepSpeed its own
+CPU accelerator allows fp16 only where mkldnn has fp16 kernels ("Type fp16 is not supported on your
+device" elsewhere); the fp16 cases run with the worker's ``--allow_fp16_on_cpu 1``, which answers that
+check True (torch's CPU kernels run fp16 anyway; switch.json says so). Give DeepSpeed its own
 ``TORCH_EXTENSIONS_DIR`` where other environments share the machine (a different torch rebuilds
 the shared ops on every start):
 
@@ -71,7 +73,7 @@ def record_case(python: str, stage: int, precision: str, world_size: int, out_di
     """The straight run and its continuation; the checkpoint copied into ``out_dir``."""
     with tempfile.TemporaryDirectory(prefix="ds-switch-") as scratch:
         folder, straight, resumed = Path(scratch) / "ckpt", Path(scratch) / "straight.json", Path(scratch) / "resumed.json"
-        common = [str(stage), precision]
+        common = [str(stage), precision] + (["--allow_fp16_on_cpu", "1"] if precision == "fp16" else [])
         code, error = torchrun(python, world_size, [*common, "--save", str(folder), "--out", str(straight)], log)
         if code != 0:
             return {"exit_code": code, "error": error}
@@ -93,7 +95,10 @@ def main() -> int:
     data = REPO / "tests" / "data" / f"deepspeed-{found['deepspeed']}"
     record_path = data / "switch.json"
     record = json.loads(record_path.read_text()) if record_path.exists() else {"cases": {}}
-    record.update({"case": "switch", "versions": found, "worker": WORKER, "launch": {
+    record.update({"case": "switch", "versions": found, "worker": WORKER,
+                   "fp16": "DeepSpeed's CPU accelerator refuses fp16 without mkldnn fp16 kernels; the fp16 cases "
+                           "ran with --allow_fp16_on_cpu 1, which answers its is_fp16_supported() True",
+                   "launch": {
         "env": ENV, "command": f"{options.python} -m torch.distributed.run --nproc_per_node WORLD_SIZE "
                                "--master_port PORT SCRIPT ARGS...", "cwd": "the repository root"}})
     for stage in STAGES:

@@ -4,7 +4,7 @@ Written as a DeepSpeed script: ``--engine deepspeed`` (the default) runs it with
 ``--engine dslaunch`` with ``from launcher import zero as deepspeed`` (the port rule of
 docs/migrating/deepspeed.md; it also runs where a real DeepSpeed is installed, which ``--as-deepspeed``
 refuses). ``switch_worker.py STAGE PRECISION [--engine E] [--steps N] [--save_at K --save DIR]
-[--load DIR] [--out FILE]``; PRECISION is fp32, bf16 or fp16.
+[--load DIR] [--out FILE] [--allow_fp16_on_cpu 1]``; PRECISION is fp32, bf16 or fp16.
 
 A small MLP, AdamW with gradient clipping and a WarmupLR schedule still warming up at the
 checkpoint, 8 samples an optimizer step at any world size (4 per rank and micro-batch, the
@@ -64,12 +64,10 @@ def train_step(engine, x, y, step: int, dtype) -> float:
 
 
 def loss_scale(engine) -> float:
-    scale = getattr(engine.optimizer, "cur_scale", None)   # DeepSpeed's ZeRO and fp16 optimizers
-    if scale is None:
-        scale = getattr(getattr(engine.optimizer, "loss_scaler", None), "cur_scale", None)
-    if scale is None and hasattr(engine, "get_loss_scale"):
-        scale = engine.get_loss_scale()
-    return float(scale) if scale is not None else 1.0
+    if hasattr(engine, "get_loss_scale"):     # dslaunch's engine: the current scale (1.0 without one)
+        return float(engine.get_loss_scale())
+    scale = getattr(engine.optimizer, "loss_scale", None)   # DeepSpeed's fp16 and ZeRO optimizers' property
+    return float(scale) if isinstance(scale, (int, float)) else 1.0
 
 
 def weights(deepspeed, engine, stage: int) -> list[float]:
@@ -82,6 +80,10 @@ def weights(deepspeed, engine, stage: int) -> list[float]:
 
 def main(stage: int, precision: str, options: dict) -> None:
     deepspeed = importlib.import_module("launcher.zero" if options["engine"] == "dslaunch" else "deepspeed")
+    if options["allow_fp16_on_cpu"] and options["engine"] == "deepspeed":
+        # DeepSpeed's CPU accelerator allows fp16 only where mkldnn has fp16 kernels; torch's CPU
+        # kernels run it anyway (the recording of fp16 checkpoints, scripts/record_deepspeed_switch.py)
+        deepspeed.accelerator.get_accelerator().is_fp16_supported = lambda: True
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
     world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
@@ -109,7 +111,8 @@ def main(stage: int, precision: str, options: dict) -> None:
 
 
 def parse(argv: list[str]) -> tuple[int, str, dict]:
-    options = {"engine": "deepspeed", "steps": 8, "save_at": 4, "save": None, "load": None, "out": None}
+    options = {"engine": "deepspeed", "steps": 8, "save_at": 4, "save": None, "load": None, "out": None,
+               "allow_fp16_on_cpu": None}
     rest = [a for a in argv if not a.startswith("--local_rank")]
     stage, precision, flags = int(rest[0]), rest[1], rest[2:]
     for key, value in zip(flags[::2], flags[1::2]):
