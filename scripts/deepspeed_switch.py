@@ -28,6 +28,8 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:   # run as a script: the engine's checkpoint tools are imported from this checkout
+    sys.path.insert(0, str(REPO))
 WORKER = REPO / "tests" / "dist" / "workers" / "switch_worker.py"
 DATA = REPO / "tests" / "data" / "deepspeed-0.19.8"
 ENV = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
@@ -43,7 +45,8 @@ def _run(argv: list[str], timeout: float) -> None:
     env = {**os.environ, **ENV, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}):\n"
+                           f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
 
 
 def run_worker(engine: str, world_size: int, stage: int, precision: str, *flags: str, timeout: float = 900) -> dict:
@@ -65,11 +68,25 @@ def loss_gaps(ours: dict, theirs: dict) -> dict[str, float]:
             for step in theirs["steps"] if step in ours["steps"]}
 
 
+def steps_before_growth(report: dict) -> list[str]:
+    """The steps up to and including the first whose update grew the fp16 loss scale: DeepSpeed
+    unscales such a step's gradients by the grown scale, this engine by the one they were computed
+    with, so only the steps after it differ (tests/dist/test_deepspeed_switch.py)."""
+    steps, scale = sorted(report["steps"], key=int), report["loaded"]["loss_scale"]
+    for index, step in enumerate(steps):
+        if report["steps"][step]["loss_scale"] > scale:
+            return steps[:index + 1]
+        scale = report["steps"][step]["loss_scale"]
+    return steps
+
+
 def switch_in(name: str, world_size: int) -> dict:
     """A recorded DeepSpeed checkpoint continued here at ``world_size``, against DeepSpeed's continuation."""
     case = json.loads((DATA / "switch.json").read_text())["cases"][name]
     ours = run_worker("dslaunch", world_size, case["stage"], case["precision"], "--load", str(DATA / "switch" / name))
-    return {"ours": ours, "gaps": loss_gaps(ours, case["resumed"])}
+    gaps = loss_gaps(ours, case["resumed"])
+    early = max(gaps[s] for s in steps_before_growth(case["resumed"])) if case["precision"] == "fp16" else None
+    return {"ours": ours, "gaps": gaps, "before_growth": early}
 
 
 def switch_out(stage: int, precision: str, world_size: int, load_world_size: int, scratch: Path) -> dict:
@@ -91,16 +108,19 @@ def switch_out(stage: int, precision: str, world_size: int, load_world_size: int
               str(written), str(consolidated)], timeout=600)
         mine, deepspeeds = get_fp32_state_dict_from_zero_checkpoint(saved), torch.load(consolidated)
         fp32_gap = max(float((mine[k] - deepspeeds[k]).abs().max()) for k in mine)
-    return {"ours": straight, "deepspeed": theirs, "gaps": loss_gaps(theirs, straight), "zero_to_fp32_gap": fp32_gap}
+    gaps = loss_gaps(theirs, straight)
+    early = max(gaps[s] for s in steps_before_growth(theirs)) if precision == "fp16" else None
+    return {"ours": straight, "deepspeed": theirs, "gaps": gaps, "before_growth": early, "zero_to_fp32_gap": fp32_gap}
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| direction | stage | precision | saved on | continued on | max loss difference | zero_to_fp32 |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| direction | stage | precision | saved on | continued on | max loss difference | "
+             "until the fp16 scale grows | zero_to_fp32 |", "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         fp32 = "-" if row.get("zero_to_fp32_gap") is None else f"{row['zero_to_fp32_gap']:.1e}"
+        early = "-" if row.get("before_growth") is None else f"{row['before_growth']:.1e}"
         lines.append(f"| {row['direction']} | {row['stage']} | {row['precision']} | {row['saved']} | "
-                     f"{row['continued']} | {max(row['gaps'].values()):.1e} | {fp32} |")
+                     f"{row['continued']} | {max(row['gaps'].values()):.1e} | {early} | {fp32} |")
     return "\n".join(lines)
 
 

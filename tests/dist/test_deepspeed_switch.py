@@ -17,6 +17,7 @@ import json
 
 import pytest
 
+from scripts.deepspeed_switch import steps_before_growth
 from tests.helpers.recorded import DATA, FP32_TOLERANCE
 from tests.helpers.world import REPO, check, run_world
 
@@ -40,16 +41,6 @@ def tolerance(case: dict) -> float:
     if case["precision"] == "fp32":
         return FP32_TOLERANCE
     return STAGE0_BF16_TOLERANCE if case["stage"] == 0 else BF16_TOLERANCE   # fp16 rounds finer than bf16
-
-
-def steps_before_growth(report: dict) -> list[str]:
-    """The steps up to and including the first whose update grew the fp16 loss scale."""
-    steps, scale = sorted(report["steps"], key=int), report["loaded"]["loss_scale"]
-    for index, step in enumerate(steps):
-        if report["steps"][step]["loss_scale"] > scale:
-            return steps[:index + 1]
-        scale = report["steps"][step]["loss_scale"]
-    return steps
 
 
 def continue_on_this_engine(case: dict, folder, world_size: int, tmp_path) -> dict:

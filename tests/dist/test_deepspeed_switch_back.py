@@ -11,14 +11,16 @@ import importlib.util
 
 import pytest
 
-from scripts.deepspeed_switch import switch_out
+from scripts.deepspeed_switch import steps_before_growth, switch_out
 from tests.helpers.recorded import FP32_TOLERANCE
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
                                 reason="needs a real DeepSpeed (pip install deepspeed==0.19.8) to load the checkpoint")
 BF16_TOLERANCE = 2e-3
-# (stage, precision, saved on, continued on): every stage, both world-size moves, both precisions
-CASES = [(0, "fp32", 1, 2), (1, "bf16", 2, 1), (2, "fp32", 2, 2), (3, "bf16", 2, 1), (3, "fp32", 1, 2)]
+FP16_GROWTH_GAP = 0.01
+# (stage, precision, saved on, continued on): every stage, both world-size moves, every precision
+CASES = [(0, "fp32", 1, 2), (1, "bf16", 2, 1), (2, "fp32", 2, 2), (2, "fp16", 2, 1), (3, "bf16", 2, 1),
+         (3, "fp32", 1, 2)]
 
 
 @pytest.mark.timeout(900)
@@ -31,6 +33,9 @@ def test_deepspeed_continues_this_engines_checkpoint(stage, precision, saved, co
     assert deepspeed["loaded"]["client_state"] == {"epoch": 3, "note": "switch", "seen": [1, 2, 3]}
     assert sorted(result["gaps"]) == ["4", "5", "6", "7"]
     tolerance = FP32_TOLERANCE if precision == "fp32" else BF16_TOLERANCE
-    assert max(result["gaps"].values()) <= tolerance, f"per-step loss gaps {result['gaps']}"
+    # fp16: exact until DeepSpeed's first scale growth, which it applies its own way (test_deepspeed_switch.py)
+    compared = steps_before_growth(deepspeed) if precision == "fp16" else sorted(result["gaps"])
+    assert max(result["gaps"][step] for step in compared) <= tolerance, f"per-step loss gaps {result['gaps']}"
+    assert max(result["gaps"].values()) <= max(tolerance, FP16_GROWTH_GAP), f"per-step loss gaps {result['gaps']}"
     if stage > 0:
         assert result["zero_to_fp32_gap"] == 0.0
