@@ -43,9 +43,10 @@ def tolerance(case: dict) -> float:
     return STAGE0_BF16_TOLERANCE if case["stage"] == 0 else BF16_TOLERANCE   # fp16 rounds finer than bf16
 
 
-def continue_on_this_engine(case: dict, folder, world_size: int, tmp_path) -> dict:
+def continue_on_this_engine(case: dict, folder, world_size: int, tmp_path, stage: int | None = None) -> dict:
     out = tmp_path / "ours.json"
-    check(run_world(WORKER, world_size, str(case["stage"]), case["precision"], "--engine", "dslaunch",
+    stage = case["stage"] if stage is None else stage
+    check(run_world(WORKER, world_size, str(stage), case["precision"], "--engine", "dslaunch",
                     "--load", str(folder), "--out", str(out), timeout=150))
     return json.loads(out.read_text())
 
@@ -79,3 +80,14 @@ def test_the_recorded_continuations_are_deepspeeds_straight_runs():
     for name in recorded_cases():
         straight, resumed = cases[name]["straight"]["steps"], cases[name]["resumed"]["steps"]
         assert all(resumed[s]["loss"] == pytest.approx(straight[s]["loss"], abs=1e-6) for s in resumed), name
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("name,stage,world_size", [("zero1-fp32-ws2", 3, 1), ("zero3-bf16-ws1", 0, 2)])
+def test_a_deepspeed_checkpoint_continues_at_another_stage_and_world_size(name, stage, world_size, tmp_path):
+    """ZeRO-1 on 2 ranks continued as ZeRO-3 on 1 (and 3 on 1 as 0 on 2): the same losses."""
+    case = json.loads(RECORD.read_text())["cases"][name]
+    ours = continue_on_this_engine(case, DATA / "switch" / name, world_size, tmp_path, stage=stage)
+    theirs = case["resumed"]["steps"]
+    gaps = [abs(ours["steps"][step]["loss"] - theirs[step]["loss"]) for step in theirs]
+    assert max(gaps) <= tolerance(case), gaps
