@@ -25,10 +25,13 @@ WORKER = REPO / "tests" / "dist" / "workers" / "switch_worker.py"
 RECORD = DATA / "switch.json"
 # bf16 weights round to 8 bits: two runs whose sums differ in order land one rounding apart (measured below)
 BF16_TOLERANCE = 2e-3
-# DeepSpeed's stage-0 16-bit path steps its own way (FP16_Optimizer; docs/engine/zero.md, Precision)
-STAGE0_BF16_TOLERANCE = 0.06
 # after an fp16 growth step (module docstring; measured 4.5e-3)
 FP16_GROWTH_GAP = 0.01
+# DeepSpeed 0.19.8 at stage 0 in fp16 does not scale the loss (engine.backward scales it for a ZeRO
+# optimizer only) but its FP16_Optimizer still divides the gradients by the scale: its Adam moments
+# are 256-512 times too small and its clipping never acts. This engine continues from those moments
+# with correctly scaled gradients, so it is not DeepSpeed's trajectory (measured 5.5e-2).
+STAGE0_FP16_GAP = 0.08
 
 
 def recorded_cases() -> list[str]:
@@ -40,7 +43,10 @@ def recorded_cases() -> list[str]:
 def tolerance(case: dict) -> float:
     if case["precision"] == "fp32":
         return FP32_TOLERANCE
-    return STAGE0_BF16_TOLERANCE if case["stage"] == 0 else BF16_TOLERANCE   # fp16 rounds finer than bf16
+    # fp16 rounds finer than bf16. At stage 0 DeepSpeed's 16-bit optimizer (FP16_Optimizer) starts with a
+    # step on zero gradients, which is what sets it apart (docs/engine/zero.md, Precision); its checkpoint
+    # carries that step count, so the switched run steps as DeepSpeed's does
+    return BF16_TOLERANCE
 
 
 def continue_on_this_engine(case: dict, folder, world_size: int, tmp_path, stage: int | None = None) -> dict:
@@ -63,15 +69,19 @@ def test_a_deepspeed_checkpoint_continues_with_deepspeeds_losses(name, other_wor
     assert ours["loaded"]["global_samples"] == theirs["loaded"]["global_samples"]
     assert ours["loaded"]["client_state"] == theirs["loaded"]["client_state"]
     assert sorted(ours["steps"]) == sorted(theirs["steps"]) == ["4", "5", "6", "7"]
-    gaps = {step: abs(ours["steps"][step]["loss"] - theirs["steps"][step]["loss"]) for step in theirs["steps"]}
-    exact = steps_before_growth(theirs) if case["precision"] == "fp16" else sorted(gaps, key=int)
+    assert ours["global_steps"] == theirs["global_steps"] == 8
+    steps = sorted(theirs["steps"], key=int)
+    scales = [(ours["steps"][step]["loss_scale"], theirs["steps"][step]["loss_scale"]) for step in steps]
+    assert all(mine == reference for mine, reference in scales), f"{name}: loss scales {scales}"
+    lrs = [(ours["steps"][step]["lr"], theirs["steps"][step]["lr"]) for step in steps]
+    assert [mine for mine, _ in lrs] == pytest.approx([reference for _, reference in lrs])
+    gaps = {step: abs(ours["steps"][step]["loss"] - theirs["steps"][step]["loss"]) for step in steps}
+    if case["precision"] == "fp16" and case["stage"] == 0:
+        assert max(gaps.values()) <= STAGE0_FP16_GAP, f"{name}: per-step loss gaps {gaps}"
+        return
+    exact = steps_before_growth(theirs) if case["precision"] == "fp16" else steps
     assert max(gaps[step] for step in exact) <= tolerance(case), f"{name} at {world_size} rank(s): gaps {gaps}"
     assert max(gaps.values()) <= max(tolerance(case), FP16_GROWTH_GAP), f"{name}: per-step loss gaps {gaps}"
-    scales = [(ours["steps"][step]["loss_scale"], theirs["steps"][step]["loss_scale"]) for step in sorted(gaps)]
-    assert all(mine == reference for mine, reference in scales), f"{name}: loss scales {scales}"
-    lrs = [(ours["steps"][step]["lr"], theirs["steps"][step]["lr"]) for step in sorted(gaps)]
-    assert [mine for mine, _ in lrs] == pytest.approx([reference for _, reference in lrs])
-    assert ours["global_steps"] == theirs["global_steps"] == 8
 
 
 def test_the_recorded_continuations_are_deepspeeds_straight_runs():
