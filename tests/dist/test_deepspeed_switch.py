@@ -14,6 +14,7 @@ gradients by the grown scale (ZeRO's ``step`` updates the scale first) where thi
 the scale they were computed with, so the steps after differ by that one smaller update.
 """
 import json
+import shutil
 
 import pytest
 
@@ -101,3 +102,14 @@ def test_a_deepspeed_checkpoint_continues_at_another_stage_and_world_size(name, 
     theirs = case["resumed"]["steps"]
     gaps = [abs(ours["steps"][step]["loss"] - theirs[step]["loss"]) for step in theirs]
     assert max(gaps) <= tolerance(case), gaps
+
+
+@pytest.mark.timeout(200)
+def test_an_incomplete_deepspeed_folder_fails_every_rank_with_the_missing_file(tmp_path):
+    """Rank 0 of 2 would read only saved rank 0's file: it must fail too, not wait for rank 1."""
+    folder = tmp_path / "ckpt"
+    shutil.copytree(DATA / "switch" / "zero2-fp32-ws2", folder)
+    (folder / "global_step4" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
+    results = run_world(WORKER, 2, "2", "fp32", "--engine", "dslaunch", "--load", str(folder), timeout=150)
+    assert all(r.returncode != 0 for r in results)
+    assert "zero_pp_rank_1_mp_rank_00_optim_states.pt: missing" in results[0].stderr

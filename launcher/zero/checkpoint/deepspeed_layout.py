@@ -54,8 +54,12 @@ def optim_states_name(rank: int, bf16: bool) -> str:
 
 
 def is_deepspeed_tag(path: str) -> bool:
-    """True for a tag folder DeepSpeed wrote (its model-states file is there)."""
-    return any(os.path.isfile(os.path.join(path, name)) for name in (MODEL_STATES, zero_model_states_name(0)))
+    """True for a tag folder DeepSpeed wrote: its model-states file is there, or at least one of its
+    optimizer files (the model states missing is then an error naming that file, not "no checkpoint")."""
+    if any(os.path.isfile(os.path.join(path, name)) for name in (MODEL_STATES, zero_model_states_name(0))):
+        return True
+    return os.path.isdir(path) and any(name.endswith("_optim_states.pt") and "zero_pp_rank_" in name
+                                       for name in os.listdir(path))
 
 
 # ---- partitions -----------------------------------------------------------------------------------

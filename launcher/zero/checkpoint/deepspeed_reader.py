@@ -33,7 +33,8 @@ class DeepSpeedCheckpoint:
 
     def __init__(self, path: str, group_names: list[list[str]] | None = None):
         self.path = path
-        self.stage3 = os.path.isfile(os.path.join(path, layout.zero_model_states_name(0)))
+        self.stage3 = os.path.isfile(os.path.join(path, layout.zero_model_states_name(0))) or (
+            not os.path.isfile(os.path.join(path, layout.MODEL_STATES)) and _has_stage3_model_states(path))
         name = layout.zero_model_states_name(0) if self.stage3 else layout.MODEL_STATES
         self.states_file = os.path.join(path, name)
         self.states = layout.load(self.states_file, "DeepSpeed's model states")
@@ -44,6 +45,7 @@ class DeepSpeedCheckpoint:
         self._optim_cache: dict[int, tuple[str, dict]] = {}
         self._check_supported()
         self.stage = self._stage(config)
+        self._check_files()
         self.groups = self._group_shapes(group_names)
         self.pieces = self._pieces(config)
         self._full_params: dict | None = None
@@ -120,6 +122,18 @@ class DeepSpeedCheckpoint:
             raise DeepSpeedCheckpointError(f"{path}: zero_stage {stage!r} with stage 1/2 files",
                                            hint="the file is not one DeepSpeed 0.19.8 wrote, or it is damaged")
         return int(stage)
+
+    def _check_files(self) -> None:
+        """Every rank's files are there, checked before anything is read: each rank of the new job
+        reads only some of them, and all must fail alike rather than some wait for the others."""
+        wanted = [self._optim_file(rank) for rank in range(self.world_size)] if self.stage > 0 else []
+        if self.stage3:
+            wanted += [os.path.join(self.path, layout.zero_model_states_name(r)) for r in range(self.world_size)]
+        missing = [name for name in wanted if not os.path.isfile(name)]
+        if missing:
+            raise DeepSpeedCheckpointError(
+                f"{missing[0]}: missing ({len(missing)} of the {self.world_size} ranks' files of {self.path} missing)",
+                hint="the DeepSpeed checkpoint is incomplete: copy every file of the tag folder")
 
     def _check_supported(self) -> None:
         unsupported = []
@@ -330,6 +344,11 @@ def _alignment_paddings(numels: list[tuple[str, int]], element_size: int) -> lis
         paddings.append(padding)
         offset += padding
     return paddings
+
+
+def _has_stage3_model_states(path: str) -> bool:
+    return os.path.isdir(path) and any(n.startswith("zero_pp_rank_") and n.endswith("_model_states.pt")
+                                       for n in os.listdir(path))
 
 
 def _numel(shape) -> int:

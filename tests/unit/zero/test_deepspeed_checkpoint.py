@@ -100,10 +100,19 @@ def test_a_missing_rank_file_is_an_error_naming_it(tmp_path):
     folder = tmp_path / "ckpt"
     shutil.copytree(SWITCH / "zero2-fp32-ws2", folder)
     (folder / "global_step4" / "zero_pp_rank_1_mp_rank_00_optim_states.pt").unlink()
-    source = DeepSpeedCheckpoint(str(folder / "global_step4"))
-    source.shard(0)
+    # on opening, so that every rank fails alike, even one that would read only rank 0's file
     with pytest.raises(DeepSpeedCheckpointError, match="zero_pp_rank_1_mp_rank_00_optim_states.pt: missing"):
-        source.shard(1)
+        DeepSpeedCheckpoint(str(folder / "global_step4"))
+
+
+@pytest.mark.parametrize("case,name", [("zero2-fp32-ws2", "mp_rank_00_model_states.pt"),
+                                       ("zero3-fp32-ws2", "zero_pp_rank_0_mp_rank_00_model_states.pt")])
+def test_missing_model_states_are_named_not_taken_for_another_format(case, name, tmp_path):
+    shutil.copytree(SWITCH / case / "global_step4", tmp_path / "global_step4")
+    (tmp_path / "global_step4" / name).unlink()
+    assert is_deepspeed_checkpoint(str(tmp_path / "global_step4"))
+    with pytest.raises(DeepSpeedCheckpointError, match=f"{name}: missing"):
+        DeepSpeedCheckpoint(str(tmp_path / "global_step4"))
 
 
 def test_a_missing_key_is_an_error_naming_file_and_key(tmp_path):
