@@ -11,7 +11,7 @@ DeepSpeed's layout by dslaunch-to-deepspeed for the same and the other world siz
 DeepSpeed's load_checkpoint, against this engine's straight run; and DeepSpeed's zero_to_fp32 of
 the written folder against dslaunch-zero-to-fp32 of the original.
 
-    scripts/deepspeed_switch.py [--direction in|out|both] [--only zero2-fp32-ws2 ...] [--json FILE]
+    scripts/deepspeed_switch.py [--direction in|out|both] [--only zero2-fp32-ws2 ...] [--moves 1:1 2:1] [--json FILE]
 
 DeepSpeed runs on CPU (``DS_ACCELERATOR=cpu``, gloo, torchrun) with this Python; set
 ``TORCH_EXTENSIONS_DIR`` to a folder of its own where other environments share the machine.
@@ -133,11 +133,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--direction", choices=("in", "out", "both"), default="both")
     parser.add_argument("--only", nargs="*", help="cases such as zero2-fp32-ws2 (the world size saved on)")
+    parser.add_argument("--moves", nargs="*", default=["1:1", "1:2", "2:2", "2:1"],
+                        help="SAVED:CONTINUED world sizes to run (default: all four)")
     parser.add_argument("--json", help="also write every row (with both runs' reports) here")
     options = parser.parse_args()
     rows = []
     for stage, precision, world_size in cases(options.only):
         for load_world_size in (world_size, 3 - world_size):
+            if f"{world_size}:{load_world_size}" not in options.moves:
+                continue
             common = {"stage": stage, "precision": precision, "saved": world_size, "continued": load_world_size}
             if options.direction in ("in", "both"):
                 rows.append({"direction": "DeepSpeed -> dslaunch", **common,
