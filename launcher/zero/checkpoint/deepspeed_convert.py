@@ -16,6 +16,7 @@ import sys
 
 from launcher.errors import DslaunchError
 from launcher.zero.checkpoint import deepspeed_writer as writer
+from launcher.zero.checkpoint import digest
 from launcher.zero.checkpoint import format as fmt
 from launcher.zero.checkpoint.deepspeed_layout import DeepSpeedCheckpointError
 from launcher.zero.checkpoint.deepspeed_reader import DeepSpeedCheckpoint, is_deepspeed_checkpoint
@@ -35,6 +36,7 @@ def open_checkpoint(checkpoint_dir: str, tag: str | None = None):
         source = DeepSpeedCheckpoint(path)
         return source.metadata(), source.model_states(), source.shard, resolved
     path = fmt.tag_dir(checkpoint_dir, resolved)
+    digest.check_tag(path)   # a damaged file is named, not written out as DeepSpeed's
     metadata = fmt.read_metadata(path)
     if metadata.get("kind") == "pipeline" or metadata.get("tensor_parallel"):
         raise DeepSpeedCheckpointError(f"{path}: a pipeline or tensor-parallel checkpoint cannot be written "
