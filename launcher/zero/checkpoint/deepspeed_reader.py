@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import asdict
 
 import torch
 
 from launcher.zero.checkpoint import deepspeed_layout as layout
+from launcher.zero.checkpoint.format import ranks_overlapping
 from launcher.zero.checkpoint.deepspeed_layout import DeepSpeedCheckpointError
 
 FORMAT_VERSION = 1
@@ -72,6 +74,22 @@ class DeepSpeedCheckpoint:
                 "global_samples": states.get("global_samples"), "skipped_steps": states.get("skipped_steps", 0),
                 "micro_steps": None, "data_position": None, "ds_config": states.get("ds_config"),
                 "client_state": {k: v for k, v in states.items() if k not in DEEPSPEED_STATES}}
+
+    def model_states_for(self, param_groups: list[dict], accumulation_steps: int, train_batch_size: int,
+                         scaler_state: dict | None = None) -> dict:
+        """model_states() fitted to the engine that loads them: each group's hyper-parameters only
+        where its optimizer has the key (FusedAdam's ``bias_correction`` and ``step`` stay out), the
+        micro-step count DeepSpeed does not keep (a checkpoint is on a boundary), and the fp16 scaler
+        state completed from the engine's own (DeepSpeed's stage 0 keeps no hysteresis)."""
+        states = self.model_states()
+        states["param_groups"] = [{key: value for key, value in saved.items() if key in group}
+                                  for group, saved in zip(param_groups, states["param_groups"])]
+        states["micro_steps"] = states["global_steps"] * accumulation_steps
+        if states["global_samples"] is None:   # DeepSpeed before 0.9 kept none
+            states["global_samples"] = states["global_steps"] * train_batch_size
+        if scaler_state is not None and states["loss_scaler"] is not None:
+            states["loss_scaler"]["state"] = {**scaler_state, **states["loss_scaler"]["state"]}
+        return states
 
     def shard(self, rank: int) -> dict:
         """Saved rank ``rank``'s fragments in this engine's shard format (no RNG: DeepSpeed saves none)."""
@@ -344,6 +362,33 @@ def _alignment_paddings(numels: list[tuple[str, int]], element_size: int) -> lis
         paddings.append(padding)
         offset += padding
     return paddings
+
+
+def read_deepspeed(engine, path: str, fragments: list, all_gather) -> tuple[dict, dict, dict]:
+    """What ``engine.load_checkpoint`` restores from a DeepSpeed tag folder: this engine's metadata,
+    model states fitted to the engine, and the shards of the saved ranks holding ``fragments``
+    (this rank's). Collective: ``all_gather`` (every rank's value, in rank order) tells each rank
+    every optimizer group's parameter names, which DeepSpeed does not save at stage 0."""
+    listing = all_gather([[f.name, f.group] for f in fragments])
+    source = DeepSpeedCheckpoint(path, group_names=group_names(entry for ranks in listing for entry in ranks))
+    scaler = engine.loss_scaler
+    states = source.model_states_for(engine.basic_optimizer.param_groups, engine.gradient_accumulation_steps(),
+                                     engine.train_batch_size(), asdict(scaler.state) if scaler is not None else None)
+    metadata = source.metadata()
+    wanted: dict[str, list] = {}
+    for fragment in fragments:
+        wanted.setdefault(fragment.name, []).append((fragment.param_start, fragment.param_start + fragment.numel))
+    return metadata, states, {rank: source.shard(rank) for rank in ranks_overlapping(metadata, wanted)}
+
+
+def group_names(entries) -> list[list[str]]:
+    """Each optimizer group's parameter names in order, from ``(name, group)`` pairs listed rank
+    after rank in flat order (every rank's fragments: a name may repeat, its first place counts)."""
+    names: dict[int, list[str]] = {}
+    for name, group in entries:
+        if name not in names.setdefault(group, []):
+            names[group].append(name)
+    return [names[group] for group in sorted(names)]
 
 
 def _has_stage3_model_states(path: str) -> bool:

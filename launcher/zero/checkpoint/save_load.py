@@ -11,6 +11,7 @@ only the shards that overlap its own fragments (its own shard when nothing chang
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import random
@@ -22,7 +23,7 @@ import torch.distributed as dist
 
 from launcher.zero.checkpoint import digest
 from launcher.zero.checkpoint import format as fmt
-from launcher.zero.checkpoint.deepspeed_reader import DeepSpeedCheckpoint, is_deepspeed_checkpoint
+from launcher.zero.checkpoint.deepspeed_reader import is_deepspeed_checkpoint, read_deepspeed
 from launcher.zero.errors import CheckpointDamagedError, CheckpointError, CheckpointPathError
 from launcher.zero.experts.wiring import every_expert_entry, global_expert_name
 
@@ -227,7 +228,11 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
         engine.monitor.warn(f"no 'latest' file in {load_dir}: nothing loaded (pass tag= to pick one)")
         return None, None
     if is_deepspeed_checkpoint(os.path.join(load_dir, resolved)):   # a DeepSpeed job switching over
-        read = _read_deepspeed(engine, os.path.join(load_dir, resolved))
+        path = os.path.join(load_dir, resolved)
+        _check_tensor_size(path, {}, engine.tensor_parallel.size)
+        fragments = _global_names(engine, engine.strategy.fragments())
+        metadata, states, shards = read_deepspeed(engine, path, fragments, functools.partial(_all_gather_object, engine))
+        read = _TagRead(path, "", metadata, states, fragments, shards, verified=True)
     else:
         read = _read_intact(engine, load_dir, resolved, explicit=tag is not None)
     _check_params(engine, read.metadata, load_module_strict)
@@ -311,37 +316,6 @@ def _read_tag(engine, path: str) -> _TagRead:
     shards = {r: fmt.load_file(os.path.join(path, fmt.shard_name(r, prefix)), expected.get(fmt.shard_name(r, prefix)))
               for r in sorted(ranks)}
     return _TagRead(path, prefix, metadata, states, fragments, shards, verified=files is not None)
-
-
-def _read_deepspeed(engine, path: str) -> _TagRead:
-    """A DeepSpeed 0.19.8 tag folder read as this engine's format (deepspeed_reader.py): no digests
-    to check (DeepSpeed writes none), an incomplete folder fails on every rank alike. Stage 0 saves
-    no parameter names: each optimizer group's names come from this engine's own groups."""
-    _check_tensor_size(path, {}, engine.tensor_parallel.size)
-    fragments = _global_names(engine, engine.strategy.fragments())
-    listing = _all_gather_object(engine, [[f.name, f.group] for f in fragments])
-    names: dict[int, list[str]] = {}
-    for name, group in (entry for rank_listing in listing for entry in rank_listing):
-        if name not in names.setdefault(group, []):
-            names[group].append(name)
-    source = DeepSpeedCheckpoint(path, group_names=[names[g] for g in sorted(names)])
-    states = source.model_states()
-    # hyper-parameters only where this optimizer has the key (FusedAdam's bias_correction and step stay out)
-    states["param_groups"] = [{key: value for key, value in saved.items() if key in group}
-                              for group, saved in zip(engine.basic_optimizer.param_groups, states["param_groups"])]
-    if states["micro_steps"] is None:   # DeepSpeed counts no micro-steps: a checkpoint is on a boundary
-        states["micro_steps"] = states["global_steps"] * engine.gradient_accumulation_steps()
-    if states["global_samples"] is None:
-        states["global_samples"] = states["global_steps"] * engine.train_batch_size()
-    if engine.loss_scaler is not None and states["loss_scaler"] is not None:
-        states["loss_scaler"]["state"] = {**dataclasses.asdict(engine.loss_scaler.state),
-                                          **states["loss_scaler"]["state"]}
-    metadata = source.metadata()
-    wanted: dict[str, list] = {}
-    for f in fragments:
-        wanted.setdefault(f.name, []).append((f.param_start, f.param_start + f.numel))
-    shards = {r: source.shard(r) for r in fmt.ranks_overlapping(metadata, wanted)}
-    return _TagRead(path, "", metadata, states, fragments, shards, verified=True)
 
 
 def _check_tensor_size(path: str, metadata: dict, size: int) -> None:
