@@ -183,6 +183,8 @@ def _convert(value: Any, meta: Mapping, key: str) -> Any:
             raise ConfigError(f"{key}: expected a mapping, got {_show(value)}", hint=None)
         value = dict(value)
     choices = meta.get("choices")
+    if choices is not None and meta.get("any_case") and isinstance(value, str):   # DeepSpeed upper-cases it
+        value = {str(choice).lower(): choice for choice in choices}.get(value.lower(), value)
     if choices is not None and value not in choices:
         raise ConfigError(f"{key}: {_show(value)} is not one of {', '.join(map(str, choices))}",
                           hint=f"set {key} to one of {', '.join(map(str, choices))}")

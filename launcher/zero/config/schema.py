@@ -224,7 +224,8 @@ class DataTypesConfig:
 class CheckpointConfig:
     """`checkpoint`: tag validation and universal-checkpoint flags."""
 
-    tag_validation: str = spec("Warn", "str", "Warn, Ignore or Fail when tags differ across ranks", choices=("Warn", "Ignore", "Fail", "warn", "ignore", "fail"))
+    tag_validation: str = spec("Warn", "str", "Warn, Ignore or Fail when tags differ across ranks (any case)",
+                               choices=("Warn", "Ignore", "Fail"), any_case=True)
     load_universal: bool = spec(False, "bool", "accepted: our checkpoints reshard directly")
     use_node_local_storage: bool = spec(False, "bool", "accepted for compatibility")
     parallel_write: dict = spec(None, "dict", "accepted for compatibility", factory=dict)
