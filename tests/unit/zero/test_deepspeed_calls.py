@@ -60,3 +60,85 @@ def test_an_unknown_tag_validation_names_the_key_and_the_modes():
     with pytest.raises(ConfigError, match="checkpoint.tag_validation: 'Never'") as caught:
         load_config({"train_batch_size": 1, "checkpoint": {"tag_validation": "Never"}})
     assert "Warn, Ignore, Fail" in caught.value.hint
+
+
+# ---- pipelines: eval_batch and train_batch without loss_fn; pipeline.use_reentrant ------------
+def pipeline(loss_fn, **pipe_config):
+    from launcher.zero.pipe import LayerSpec, PipelineModule
+
+    torch.manual_seed(0)
+    module = PipelineModule([LayerSpec(torch.nn.Linear, 3, 2)], num_stages=1, loss_fn=loss_fn)
+    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+           "optimizer": {"type": "AdamW", "params": {"lr": 0.1}}}
+    if pipe_config:
+        cfg["pipeline"] = pipe_config
+    engine, *_ = zero.initialize(model=module, config=cfg)
+    return engine
+
+
+def batches(count=2):
+    generator = torch.Generator().manual_seed(1)
+    return [(torch.randn(2, 3, generator=generator), torch.randn(2, 2, generator=generator)) for _ in range(count)]
+
+
+def test_eval_batch_without_loss_fn_returns_the_mean_output_as_deepspeed():
+    """DeepSpeed: without ``loss_fn`` the last stage's output is what is averaged over the
+    micro-batches (and the data ranks) and returned, as float32; ``return_logits`` adds the last
+    micro-batch's output."""
+    engine = pipeline(None)
+    data = batches()
+    with torch.no_grad():
+        outputs = [engine.module(x) for x, _ in data]
+    mean = engine.eval_batch(iter(data))
+    assert mean.dtype == torch.float32 and torch.allclose(mean, (outputs[0] + outputs[1]) / 2)
+    mean_again, logits = engine.eval_batch(iter(data), return_logits=True)
+    assert torch.allclose(mean_again, mean) and torch.allclose(logits, outputs[1])
+
+
+def test_eval_batch_with_a_loss_fn_can_skip_the_loss_and_return_logits():
+    engine = pipeline(torch.nn.functional.mse_loss)
+    data = batches()
+    with torch.no_grad():
+        outputs = [engine.module(x) for x, _ in data]
+        losses = [torch.nn.functional.mse_loss(out, y) for out, (_, y) in zip(outputs, data)]
+    assert torch.allclose(engine.eval_batch(iter(data)), (losses[0] + losses[1]) / 2)
+    assert torch.allclose(engine.eval_batch(iter(data), compute_loss=False), (outputs[0] + outputs[1]) / 2)
+    loss, logits = engine.eval_batch(iter(data), return_logits=True)
+    assert torch.allclose(loss, (losses[0] + losses[1]) / 2) and torch.allclose(logits, outputs[1])
+    per_micro_batch = engine.eval_batch(iter(data), reduce_output=None, bcast_loss=False)
+    assert [float(v) for v in per_micro_batch] == pytest.approx([float(v) for v in losses])
+
+
+def test_train_batch_without_loss_fn_trains_on_the_models_own_loss():
+    """DeepSpeed: 'Some models just return loss from forward()': the output is the loss."""
+    from launcher.zero.pipe import LayerSpec, PipelineModule
+
+    class MeanSquare(torch.nn.Module):
+        def forward(self, x):
+            return x.pow(2).mean()
+
+    torch.manual_seed(0)
+    module = PipelineModule([LayerSpec(torch.nn.Linear, 3, 2), MeanSquare()], num_stages=1, loss_fn=None)
+    plain = copy.deepcopy(module)
+    cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "gradient_clipping": 0.0,
+           "optimizer": {"type": "AdamW", "params": {"lr": 0.1}}}
+    engine, *_ = zero.initialize(model=module, config=cfg)
+    data = batches(2)
+    loss = engine.train_batch(iter(data))
+    with torch.no_grad():
+        expected = (plain(data[0][0]) + plain(data[1][0])) / 2
+    assert torch.allclose(loss, expected)
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_pipeline_use_reentrant_is_accepted(value):
+    """DeepSpeed picks reentrant or non-reentrant activation checkpointing with it; both recompute
+    the same gradients, and this engine always runs the non-reentrant one."""
+    engine = pipeline(torch.nn.functional.mse_loss, use_reentrant=value, activation_checkpoint_interval=1)
+    first = float(engine.train_batch(iter(batches())))
+    assert first == pytest.approx(float(pipeline(torch.nn.functional.mse_loss).train_batch(iter(batches()))))
+
+
+def test_pipeline_use_reentrant_must_be_true_or_false():
+    with pytest.raises(ConfigError, match="pipeline.use_reentrant: expected true or false, got 'yes'"):
+        pipeline(torch.nn.functional.mse_loss, use_reentrant="yes")
