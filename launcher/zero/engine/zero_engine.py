@@ -34,8 +34,9 @@ from launcher.zero.engine.reporting import Progress, StepFacts
 from launcher.zero.engine.watch import StepWatch
 from launcher.zero.engine.optimizer_step import (StepCounters, StepOutcome, StepRules, norm_stays_on_device,
                                                  take_model_step, update_parameters)
-from launcher.zero.engine.zero_optimizer import EngineOptimizer, UpdateRecord, handed_out_optimizer, second_step
-from launcher.zero.errors import ConfigError, NotSupportedError
+from launcher.zero.engine.zero_optimizer import (EngineOptimizer, NoOptimizer, UpdateRecord, handed_out_optimizer,
+                                                 second_step)
+from launcher.zero.errors import ConfigError, EngineUsageError, NotSupportedError
 from launcher.zero.experts.wiring import ExpertSetup
 from launcher.zero.precision.loss_scaler import LossScaler
 from launcher.zero.precision.policy import PrecisionPolicy, skips_non_finite
@@ -106,7 +107,9 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         self._step_applied = False
         self._global_grad_norm: float | DeviceNorm | None = None
         self._update = UpdateRecord()
-        self.optimizer: EngineOptimizer = handed_out_optimizer(self, self._update)
+        # None for an engine built without an optimizer (it evaluates only), as DeepSpeed's
+        self.optimizer: EngineOptimizer | None = (None if isinstance(parts.optimizer, NoOptimizer)
+                                                  else handed_out_optimizer(self, self._update))
         sync = torch.cuda.synchronize if self.dist_context.device.type == "cuda" else None
         self.progress = Progress(self.zero_config, self.monitor, getattr(self.lr_scheduler, "total_num_steps", None), sync,
                                  self.watch)
@@ -173,6 +176,7 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
         """Backpropagate ``loss / gradient_accumulation_steps`` (times the fp16 loss scale)."""
+        self._refuse_without_optimizer("engine.backward")
         with self._explain_out_of_memory():
             return self._backward(loss, retain_graph, scale_wrt_gas)
 
@@ -198,6 +202,14 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         self.progress.timers.stop("backward")
         return loss
 
+    def _refuse_without_optimizer(self, call: str) -> None:
+        """DeepSpeed asserts 'must provide optimizer during init in order to use backward' (and step)."""
+        if self.optimizer is None:
+            raise EngineUsageError(f"{call}: this engine was built without an optimizer (initialize got none and "
+                                   "the config has no 'optimizer' section), so it only evaluates",
+                                   hint='to train it, pass optimizer= to initialize or add "optimizer": {"type": '
+                                        '"AdamW", "params": {"lr": 1e-3}} to the config')
+
     def _loss_factor(self) -> float:
         """What engine.backward multiplies the loss by: 1 / GAS, times the fp16 loss scale."""
         factor = 1.0 / self.gradient_accumulation_steps()
@@ -212,6 +224,7 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
 
     def step(self, lr_kwargs: dict | None = None) -> None:
         """On an accumulation boundary: update (or skip on non-finite gradients), step the scheduler."""
+        self._refuse_without_optimizer("engine.step()")
         self._step_applied = False
         rank_progress.reached(self.global_steps)
         if self.is_gradient_accumulation_boundary():

@@ -142,3 +142,33 @@ def test_pipeline_use_reentrant_is_accepted(value):
 def test_pipeline_use_reentrant_must_be_true_or_false():
     with pytest.raises(ConfigError, match="pipeline.use_reentrant: expected true or false, got 'yes'"):
         pipeline(torch.nn.functional.mse_loss, use_reentrant="yes")
+
+
+# ---- initialize without an optimizer (an evaluation or reference model, as TRL builds) ----------
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_initialize_without_an_optimizer_gives_an_engine_that_evaluates(stage):
+    """DeepSpeed returns the engine and ``None`` for the optimizer and the scheduler (at stage 3 its
+    parameter-offload object); the forward runs; ``get_lr()`` is ``[]``."""
+    torch.manual_seed(0)
+    model = Tagged()
+    plain = copy.deepcopy(model)
+    cfg = config(stage, optimizer=False, scheduler={"type": "WarmupLR", "params": {"warmup_num_steps": 2}})
+    engine, optimizer, loader, scheduler = zero.initialize(model=model, config=cfg)
+    assert optimizer is None and scheduler is None and loader is None and engine.optimizer is None
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        assert torch.allclose(engine(x), plain(x))
+    assert engine.get_lr() == []
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_an_engine_without_an_optimizer_refuses_backward_and_step_as_deepspeed_does(stage):
+    """DeepSpeed: ``AssertionError: must provide optimizer during init in order to use backward``
+    (and ``step``); here a typed error that is an AssertionError too."""
+    engine, *_ = zero.initialize(model=Tagged(), config=config(stage, optimizer=False))
+    loss = engine(torch.randn(2, 4)).sum()
+    with pytest.raises(AssertionError, match="without an optimizer") as caught:
+        engine.backward(loss)
+    assert "optimizer" in caught.value.hint
+    with pytest.raises(AssertionError, match="engine.step.*without an optimizer"):
+        engine.step()
