@@ -122,6 +122,21 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         return self.zero_config.raw
 
     # ---- module pass-throughs -------------------------------------------------------------
+    def __getattr__(self, name: str):
+        """DeepSpeedEngine's: a name the engine does not have is looked up on the wrapped model
+        (``engine.generate(...)``, ``engine.config_class``); neither has it: AttributeError."""
+        try:
+            return torch.nn.Module.__getattr__(self, name)   # parameters, buffers, submodules
+        except AttributeError:
+            pass
+        module = self.__dict__.get("_modules", {}).get("module")
+        if module is not None:
+            try:
+                return getattr(module, name)
+            except AttributeError:
+                pass
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
     def train(self, mode: bool = True):
         self.module.train(mode)
         return self

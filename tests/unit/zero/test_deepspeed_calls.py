@@ -172,3 +172,13 @@ def test_an_engine_without_an_optimizer_refuses_backward_and_step_as_deepspeed_d
     assert "optimizer" in caught.value.hint
     with pytest.raises(AssertionError, match="engine.step.*without an optimizer"):
         engine.step()
+
+
+# ---- the wrapped model's attributes through the engine ----------------------------------------
+def test_the_models_methods_and_attributes_are_reached_through_the_engine():
+    """DeepSpeedEngine.__getattr__ falls through to the module; a name neither has is an AttributeError."""
+    engine, *_ = zero.initialize(model=Tagged(), config=config(0))
+    assert engine.count_to(3) == [0, 1, 2] and engine.label_names == ["labels"]
+    assert hasattr(engine, "count_to") and not hasattr(engine, "nothing_here")
+    with pytest.raises(AttributeError, match="object has no attribute 'nothing_here'"):
+        engine.nothing_here
