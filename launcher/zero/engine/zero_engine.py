@@ -105,6 +105,7 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         self.accumulation = Accumulation(self.zero_config.gradient_accumulation_steps,
                                          self.zero_config.managed_gradient_accumulation)
         self._step_applied = False
+        self._inside_no_sync = False   # engine.no_sync()
         self._global_grad_norm: float | DeviceNorm | None = None
         self._update = UpdateRecord()
         # None for an engine built without an optimizer (it evaluates only), as DeepSpeed's
@@ -232,7 +233,7 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
 
     def _backward_prologue(self) -> bool:
         """The strategy's pre_backward for this micro-step (from engine.backward or a plain backward)."""
-        boundary = self.is_gradient_accumulation_boundary()
+        boundary = self.is_gradient_accumulation_boundary() and not self._inside_no_sync   # no_sync: no reduction
         self._update.stepped_by_optimizer = False   # new gradients: optimizer.step() may apply them
         self.strategy.pre_backward(boundary)
         return boundary
@@ -240,6 +241,9 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
     def step(self, lr_kwargs: dict | None = None) -> None:
         """On an accumulation boundary: update (or skip on non-finite gradients), step the scheduler."""
         self._refuse_without_optimizer("engine.step()")
+        if self._inside_no_sync:
+            raise EngineUsageError("It is illegal to call engine.step() inside no_sync context manager",
+                                   hint="call engine.step() after the with-block, following a backward outside it")
         self._step_applied = False
         rank_progress.reached(self.global_steps)
         if self.is_gradient_accumulation_boundary():
@@ -402,11 +406,23 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
                                 data_sampler=data_sampler, route=route, num_workers=num_local_io_workers,
                                 pin_memory=pin_memory)
 
+    @contextlib.contextmanager
     def no_sync(self):
-        """Not supported: let the engine accumulate (``gradient_accumulation_steps``) instead."""
-        raise NotSupportedError("engine.no_sync() is not supported by dslaunch's engine",
-                                hint="set gradient_accumulation_steps in the config and call engine.step() "
-                                     "every micro-step; the engine reduces gradients only where it must")
+        """DeepSpeed's: inside, a backward keeps its gradients on this rank (no reduction); the first
+        backward on a boundary after it reduces them with its own. Stages 0-1 only (stages 2-3 reduce
+        as they go, and DeepSpeed refuses them too); no ``step()`` inside, no nesting."""
+        if self.zero_config.zero_stage >= 2:
+            raise EngineUsageError("no_sync context manager is incompatible with gradient partitioning logic of "
+                                   f"ZeRO stage {self.zero_config.zero_stage}",
+                                   hint="at stages 2-3 let the engine accumulate: gradient_accumulation_steps in the "
+                                        "config, engine.step() after every backward")
+        if self._inside_no_sync:
+            raise EngineUsageError("no_sync context manager reentry is unsupported", hint="leave the outer block first")
+        self._inside_no_sync = True
+        try:
+            yield
+        finally:
+            self._inside_no_sync = False
 
     def destroy(self) -> None:
         """Remove the engine's hooks from the module; the engine must not be used afterwards."""

@@ -1,13 +1,34 @@
-"""Two-rank cases of tests/dist/test_deepspeed_calls_ranks.py: ``pipe_eval`` (two pipeline stages).
+"""Two-rank cases of tests/dist/test_deepspeed_calls_ranks.py: ``no_sync STAGE`` and ``pipe_eval`` (two
+pipeline stages).
 
-Each rank prints one ``RESULT {json}`` line: what eval_batch returned on this stage.
+Each rank prints one ``RESULT {json}`` line: the final parameters (no_sync), or what eval_batch
+returned on this stage (pipe_eval).
 """
 import json
+import os
 import sys
 
 import torch
 
 from launcher import zero
+
+RANK, WORLD_SIZE = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+
+
+def no_sync(stage: int) -> dict:
+    """Each step: a micro-batch inside engine.no_sync(), then one outside and engine.step()."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 0.0, "zero_optimization": {"stage": stage},
+              "optimizer": {"type": "AdamW", "params": {"lr": 0.1}}}
+    engine, *_ = zero.initialize(model=model, config=config)
+    data = torch.randn(3, 2, WORLD_SIZE, 2, 4, generator=torch.Generator().manual_seed(1))
+    for step in range(3):
+        with engine.no_sync():
+            engine.backward(engine(data[step, 0, RANK]).pow(2).mean())
+        engine.backward(engine(data[step, 1, RANK]).pow(2).mean())
+        engine.step()
+    return {"params": [p.detach().flatten().tolist() for p in engine.module.parameters()]}
 
 
 def pipe_eval() -> dict:
@@ -29,5 +50,6 @@ def pipe_eval() -> dict:
 
 
 if __name__ == "__main__":
-    result = {"pipe_eval": pipe_eval}[sys.argv[1]]()
+    case, args = sys.argv[1], [int(arg) for arg in sys.argv[2:]]
+    result = {"no_sync": no_sync, "pipe_eval": pipe_eval}[case](*args)
     print("RESULT " + json.dumps(result), flush=True)

@@ -182,3 +182,55 @@ def test_the_models_methods_and_attributes_are_reached_through_the_engine():
     assert hasattr(engine, "count_to") and not hasattr(engine, "nothing_here")
     with pytest.raises(AttributeError, match="object has no attribute 'nothing_here'"):
         engine.nothing_here
+
+
+# ---- no_sync ------------------------------------------------------------------------------------
+def square_loss(engine, x):
+    return engine(x).pow(2).mean()
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_no_sync_accumulates_and_the_next_boundary_applies_the_sum(stage):
+    """Stages 0-1: inside ``no_sync`` a backward keeps its gradient local; the backward after it
+    adds its own and the step applies both (DeepSpeed divides each loss by GAS, here 1)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
+    plain = copy.deepcopy(model)
+    engine, *_ = zero.initialize(model=model, config=config(stage))
+    reference = torch.optim.AdamW(plain.parameters(), lr=0.1, weight_decay=0.0)
+    data = torch.randn(3, 2, 2, 4, generator=torch.Generator().manual_seed(1))
+    for step in range(3):
+        with engine.no_sync():
+            engine.backward(square_loss(engine, data[step, 0]))
+        engine.backward(square_loss(engine, data[step, 1]))
+        engine.step()
+        (plain(data[step, 0]).pow(2).mean() + plain(data[step, 1]).pow(2).mean()).backward()
+        reference.step()
+        reference.zero_grad()
+    for ours, theirs in zip(engine.module.parameters(), plain.parameters()):
+        assert torch.allclose(ours, theirs, atol=1e-6)
+
+
+def test_no_sync_refuses_a_step_inside_and_reentry_with_deepspeeds_messages():
+    engine, *_ = zero.initialize(model=Tagged(), config=config(0))
+    with engine.no_sync():
+        engine.backward(engine(torch.randn(2, 4)).sum())
+        with pytest.raises(AssertionError, match="illegal to call engine.step.. inside no_sync"):
+            engine.step()
+        with pytest.raises(AssertionError, match="no_sync context manager reentry is unsupported"):
+            with engine.no_sync():
+                pass
+    assert engine.global_steps == 0
+    engine.step()
+    assert engine.global_steps == 1
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_no_sync_at_stages_2_and_3_fails_on_entering_as_deepspeeds(stage):
+    """DeepSpeed 0.19.8: ``engine.no_sync()`` returns the context manager; entering it asserts
+    'no_sync context manager is incompatible with gradient partitioning logic of ZeRO stage N'."""
+    engine, *_ = zero.initialize(model=Tagged(), config=config(stage))
+    context = engine.no_sync()
+    with pytest.raises(AssertionError, match=f"incompatible with gradient partitioning logic of ZeRO stage {stage}"):
+        with context:
+            pass
