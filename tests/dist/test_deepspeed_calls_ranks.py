@@ -1,8 +1,9 @@
 """DeepSpeed calls of issue 41 item 2 that need two ranks to show (tests/unit/zero/test_deepspeed_calls.py
 has the one-rank side): ``engine.no_sync()`` keeps a micro-batch's gradient off the all-reduce until
-the next boundary, and a two-stage pipeline without loss_fn evaluates to its mean output on both
-stages. no_sync matches DeepSpeed 0.19.8 run on its CPU accelerator with the same script (its final
-weights agree with this file's reference to 1e-6)."""
+the next boundary, stage 3 gathers a parameter a module returns for another to use, and a two-stage
+pipeline without loss_fn evaluates to its mean output on both stages. The first two match DeepSpeed
+0.19.8 run on its CPU accelerator with the same scripts (the final weights of no_sync agree with this
+file's reference to 1e-6; so do the losses of the returned parameter)."""
 import pytest
 import torch
 
@@ -34,6 +35,34 @@ def test_no_sync_reduces_the_held_gradients_at_the_next_boundary(stage):
         (record,) = result.records()
         for ours, theirs in zip(record["params"], expected):
             assert torch.allclose(torch.tensor(ours), theirs, atol=1e-6)
+
+
+def returned_param_reference(world_size: int) -> list[float]:
+    """The mean over ranks of each rank's loss, trained by AdamW in one process."""
+    from tests.unit.zero.test_deepspeed_calls import TiedThroughOutputs, cross_entropy
+
+    torch.manual_seed(0)
+    model = TiedThroughOutputs()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.0)
+    ids = torch.randint(0, 16, (3, world_size, 2, 5), generator=torch.Generator().manual_seed(1))
+    losses = []
+    for step in range(3):
+        per_rank = [cross_entropy(model(ids[step, rank]), ids[step, rank]) for rank in range(world_size)]
+        (sum(per_rank) / world_size).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append([float(loss) for loss in per_rank])
+    return losses
+
+
+@pytest.mark.timeout(240)
+def test_stage_3_gathers_a_returned_parameter_on_real_shards():
+    results = check(run_world(WORKER, 2, "returned_param", timeout=200))
+    expected = returned_param_reference(2)
+    for result in results:
+        (record,) = result.records()
+        assert record["released"]
+        assert record["losses"] == pytest.approx([step[result.rank] for step in expected], abs=1e-5)
 
 
 @pytest.mark.timeout(240)

@@ -1,8 +1,8 @@
-"""Two-rank cases of tests/dist/test_deepspeed_calls_ranks.py: ``no_sync STAGE`` and ``pipe_eval`` (two
-pipeline stages).
+"""Two-rank cases of tests/dist/test_deepspeed_calls_ranks.py: ``no_sync STAGE``, ``returned_param`` and
+``pipe_eval`` (two pipeline stages).
 
-Each rank prints one ``RESULT {json}`` line: the final parameters (no_sync), or what eval_batch
-returned on this stage (pipe_eval).
+Each rank prints one ``RESULT {json}`` line: the final parameters (no_sync), every step's loss
+(returned_param), or what eval_batch returned on this stage (pipe_eval).
 """
 import json
 import os
@@ -31,6 +31,26 @@ def no_sync(stage: int) -> dict:
     return {"params": [p.detach().flatten().tolist() for p in engine.module.parameters()]}
 
 
+def returned_param() -> dict:
+    """Stage 3 on real shards: an embedding returns its weight, the head multiplies by it."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+    from tests.unit.zero.test_deepspeed_calls import TiedThroughOutputs, cross_entropy
+
+    torch.manual_seed(0)
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 0.0,
+              "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+              "optimizer": {"type": "AdamW", "params": {"lr": 0.1}}}
+    engine, *_ = zero.initialize(model=TiedThroughOutputs(), config=config)
+    ids = torch.randint(0, 16, (3, WORLD_SIZE, 2, 5), generator=torch.Generator().manual_seed(1))
+    losses = []
+    for step in range(3):
+        loss = cross_entropy(engine(ids[step, RANK]), ids[step, RANK])
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return {"losses": losses, "released": engine.module.embed.weight.numel() == 0}
+
+
 def pipe_eval() -> dict:
     """A two-stage PipelineModule without loss_fn: eval_batch's mean output on both stages."""
     from launcher.zero.pipe import LayerSpec, PipelineModule
@@ -51,5 +71,5 @@ def pipe_eval() -> dict:
 
 if __name__ == "__main__":
     case, args = sys.argv[1], [int(arg) for arg in sys.argv[2:]]
-    result = {"no_sync": no_sync, "pipe_eval": pipe_eval}[case](*args)
+    result = {"no_sync": no_sync, "returned_param": returned_param, "pipe_eval": pipe_eval}[case](*args)
     print("RESULT " + json.dumps(result), flush=True)

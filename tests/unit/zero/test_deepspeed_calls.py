@@ -234,3 +234,60 @@ def test_no_sync_at_stages_2_and_3_fails_on_entering_as_deepspeeds(stage):
     with pytest.raises(AssertionError, match=f"incompatible with gradient partitioning logic of ZeRO stage {stage}"):
         with context:
             pass
+
+
+# ---- stage 3: a parameter one module returns for another to use --------------------------------
+class Embed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(16, 8))
+
+    def forward(self, ids):
+        return torch.nn.functional.embedding(ids, self.weight), self.weight
+
+
+class Head(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Linear(8, 8)
+
+    def forward(self, hidden, weight):
+        return self.scale(hidden) @ weight.t()
+
+
+class TiedThroughOutputs(torch.nn.Module):
+    """The embedding hands its weight on as an output; the head uses it (a tied output layer)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.lin, self.head = Embed(), torch.nn.Linear(8, 8), Head()
+
+    def forward(self, ids):
+        hidden, weight = self.embed(ids)
+        return self.head(torch.tanh(self.lin(hidden)), weight)
+
+
+def cross_entropy(logits, ids):
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, 16), ids.reshape(-1))
+
+
+def test_stage_3_gathers_a_parameter_that_one_module_returns_for_another():
+    """DeepSpeed registers such a parameter as an external parameter of the enclosing module (its
+    post-forward hook looks for parameters among a module's outputs) and keeps it gathered."""
+    torch.manual_seed(0)
+    model = TiedThroughOutputs()
+    plain = copy.deepcopy(model)
+    cfg = config(3, zero_optimization={"stage": 3, "stage3_param_persistence_threshold": 0})
+    engine, *_ = zero.initialize(model=model, config=cfg)
+    reference = torch.optim.AdamW(plain.parameters(), lr=0.1, weight_decay=0.0)
+    ids = torch.randint(0, 16, (3, 2, 5), generator=torch.Generator().manual_seed(1))
+    for step in range(3):
+        loss = cross_entropy(engine(ids[step]), ids[step])
+        engine.backward(loss)
+        engine.step()
+        expected = cross_entropy(plain(ids[step]), ids[step])
+        expected.backward()
+        reference.step()
+        reference.zero_grad()
+        assert abs(loss.item() - expected.item()) < 1e-5, step
+    assert engine.module.embed.weight.numel() == 0   # released again after the forward
