@@ -15,7 +15,7 @@ import os
 from typing import Any, Mapping
 
 from launcher.zero.config.schema import (
-    ACCEPTED_UNSUPPORTED, DEEPCOMPILE_DEFAULTS, NamedConfig, ZeroConfig,
+    ACCEPTED_UNSUPPORTED, DEEPCOMPILE_DEFAULTS, NamedConfig, ZeroConfig, ZeroOptimizationConfig,
 )
 from launcher.zero.config.not_built import refuse_not_built
 from launcher.zero.errors import ConfigError, NotBuiltConfigError
@@ -268,6 +268,12 @@ def _set_without_effect(section: Any, prefix: str) -> list[tuple[str, Any]]:
         if value != default:
             found.append((f"{prefix}{f.name}", value))
     return found
+
+
+def get_zero_config(param_dict: Mapping) -> ZeroOptimizationConfig:
+    """DeepSpeed's ``get_zero_config``: the checked ``zero_optimization`` section of a config dict
+    (``deepspeed.runtime.zero.config``; ``true`` there is stage 1, its legacy form)."""
+    return build_config({"zero_optimization": param_dict.get("zero_optimization", {})}).zero_optimization
 
 
 # ---- rules that involve more than one key ---------------------------------------------------

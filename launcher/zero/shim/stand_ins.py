@@ -27,10 +27,12 @@ safe_get_full_fp32_param = not_built("deepspeed.utils.safe_get_full_fp32_param",
 safe_get_full_grad = not_built("deepspeed.utils.safe_get_full_grad", _FRAGMENTS, hint=_FRAGMENT_HINT)
 safe_get_full_optimizer_state = not_built("deepspeed.utils.safe_get_full_optimizer_state", _FRAGMENTS, hint=_FRAGMENT_HINT)
 safe_set_full_fp32_param = not_built("deepspeed.utils.safe_set_full_fp32_param", _FRAGMENTS, hint=_FRAGMENT_HINT)
-set_z3_leaf_modules = not_built(
-    "deepspeed.utils.set_z3_leaf_modules", "ZeRO-3 leaf modules (gathering a module's parameters as one unit, for MoE)",
-    hint="without leaf modules, a stage-3 MoE whose experts do not all run on every rank would hang; "
-         "run it with DeepSpeed itself or at stage 2")
+
+_LEAVES = "ZeRO-3 leaf modules (gathering a module's parameters as one unit, for MoE)"
+_LEAVES_HINT = ("without leaf modules, a stage-3 MoE whose experts do not all run on every rank would hang; "
+                "run it with DeepSpeed itself or at stage 2")
+set_z3_leaf_modules = not_built("deepspeed.utils.set_z3_leaf_modules", _LEAVES, hint=_LEAVES_HINT)
+unset_z3_leaf_modules = not_built("deepspeed.utils.unset_z3_leaf_modules", _LEAVES, hint=_LEAVES_HINT)
 
 _SEQUENCE = "DeepSpeed's Ulysses sequence-parallel groups (deepspeed.utils.groups._get_sequence_parallel_*)"
 _SEQUENCE_HINT = "leave sequence parallelism off (sp_size 1), or run this script with DeepSpeed itself"
@@ -38,3 +40,12 @@ _get_sequence_parallel_group = not_built("deepspeed.utils.groups._get_sequence_p
 _get_sequence_parallel_rank = not_built("deepspeed.utils.groups._get_sequence_parallel_rank", _SEQUENCE, hint=_SEQUENCE_HINT)
 _get_sequence_parallel_world_size = not_built("deepspeed.utils.groups._get_sequence_parallel_world_size", _SEQUENCE,
                                               hint=_SEQUENCE_HINT)
+
+_WRAPPERS = ("DeepSpeed's 16-bit optimizer wrappers (initialize returns this engine's ZeRO optimizer at every stage; "
+             "an isinstance check against this type is False)")
+_WRAPPERS_HINT = "build your torch optimizer (or name it in the config) and pass it to initialize"
+FP16_Optimizer = not_built("deepspeed.runtime.fp16.fused_optimizer.FP16_Optimizer", _WRAPPERS, hint=_WRAPPERS_HINT)
+FP16_UnfusedOptimizer = not_built("deepspeed.runtime.fp16.unfused_optimizer.FP16_UnfusedOptimizer", _WRAPPERS,
+                                  hint=_WRAPPERS_HINT)
+BF16_Optimizer = not_built("deepspeed.runtime.bf16_optimizer.BF16_Optimizer", _WRAPPERS, hint=_WRAPPERS_HINT)
+
