@@ -73,3 +73,32 @@ def test_a_two_stage_pipeline_without_loss_fn_evaluates_to_its_mean_output_on_ev
     assert first["logits"] is None and first["each"] is None   # logits and the unreduced list stay on the last stage
     each = torch.tensor(last["each"])
     assert torch.allclose(mean, each.mean(0)) and torch.allclose(torch.tensor(last["logits"]), each[1])
+
+
+def fragments_reference(world_size: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Plain AdamW on the mean over the ranks' losses: each parameter and its exp_avg after 2 steps."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.0)
+    data = torch.randn(2, world_size, 2, 4, generator=torch.Generator().manual_seed(1))
+    for step in range(2):
+        (sum(model(data[step, rank]).pow(2).mean() for rank in range(world_size)) / world_size).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    params = list(model.parameters())
+    return [p.detach().flatten() for p in params], [optimizer.state[p]["exp_avg"].flatten() for p in params]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_the_full_fp32_master_and_state_are_gathered_from_the_partitions(stage):
+    """deepspeed.utils.safe_get_full_fp32_param / safe_get_full_optimizer_state on 2 ranks: each rank
+    holds part of each master (stage 3: a parameter of fewer than 3 elements stays whole on both)."""
+    params, exp_avgs = fragments_reference(2)
+    for result in check(run_world(WORKER, 2, "fragments", str(stage), timeout=200)):
+        (record,) = result.records()
+        for ours, theirs in zip(record["params"] + record["exp_avg"], params + exp_avgs):
+            assert torch.allclose(torch.tensor(ours), theirs, atol=1e-6)
+        if stage == 3:   # ceil(numel / 2) on rank 0, the rest on rank 1; the 2-element bias whole on both
+            assert record["local_numel"] == [[6, 2, 3, 2], [6, 1, 3, 2]][result.rank]
+

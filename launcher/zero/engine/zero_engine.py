@@ -27,6 +27,7 @@ from launcher.zero.engine.accessors import EngineAccessors
 from launcher.zero.engine.accumulation import Accumulation
 from launcher.zero.engine.compiling import compile_engine
 from launcher.zero.data.loader import ROUTES, build_dataloader
+from launcher.zero.engine import fragment_access
 from launcher.zero.engine.estimate import out_of_memory_note
 from launcher.zero.engine.monitor import Monitor
 from launcher.zero.engine.plain_backward import BackwardHooks
@@ -116,6 +117,7 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
                                  self.watch)
         self._backward_hooks = BackwardHooks(self.strategy.stage, self._loss_factor,
                                              self._backward_prologue, self.strategy.post_backward)
+        fragment_access.register(self)   # deepspeed.utils.safe_get_full_fp32_param(param) finds the engine
 
     @property
     def config(self) -> dict:

@@ -40,6 +40,7 @@ DEEPSPEED_PATHS: dict[str, str | NotBuilt] = {
     "deepspeed.utils.logging": "launcher.zero.utils.logging",
     "deepspeed.utils.module_utils": "launcher.zero.utils.module_utils",
     "deepspeed.utils.init_on_device": "launcher.zero.utils.init_on_device",
+    "deepspeed.utils.tensor_fragment": "launcher.zero.utils.tensor_fragment",
     "deepspeed.git_version_info": "launcher.zero.git_version_info",
     "deepspeed.compression": NotBuilt("DeepSpeed's compression library (deepspeed.compression); only its helper "
                                       "module is built"),

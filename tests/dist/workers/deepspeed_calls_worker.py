@@ -1,8 +1,9 @@
-"""Two-rank cases of tests/dist/test_deepspeed_calls_ranks.py: ``no_sync STAGE``, ``returned_param`` and
-``pipe_eval`` (two pipeline stages).
+"""Two-rank cases of tests/dist/test_deepspeed_calls_ranks.py: ``no_sync STAGE``, ``returned_param``,
+``pipe_eval`` (two pipeline stages) and ``fragments STAGE``.
 
 Each rank prints one ``RESULT {json}`` line: the final parameters (no_sync), every step's loss
-(returned_param), or what eval_batch returned on this stage (pipe_eval).
+(returned_param), what eval_batch returned on this stage (pipe_eval), or each parameter's full fp32
+master and Adam state as deepspeed.utils' tensor-fragment functions read them (fragments).
 """
 import json
 import os
@@ -69,7 +70,29 @@ def pipe_eval() -> dict:
             "each": None if each is None else [value.tolist() for value in each]}
 
 
+def fragments(stage: int) -> dict:
+    """Two steps of the no_sync case's model without no_sync, then the safe_get_full_* of each parameter."""
+    from launcher.zero.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state, safe_get_local_fp32_param
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 2))
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 0.0,
+              "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 3},
+              "optimizer": {"type": "AdamW", "params": {"lr": 0.1}}}
+    engine, *_ = zero.initialize(model=model, config=config)
+    data = torch.randn(2, WORLD_SIZE, 2, 4, generator=torch.Generator().manual_seed(1))
+    for step in range(2):
+        engine.backward(engine(data[step, RANK]).pow(2).mean())
+        engine.step()
+    params = list(engine.module.parameters())
+    local = [safe_get_local_fp32_param(p).numel() for p in params] if stage == 3 else []
+    return {"params": [safe_get_full_fp32_param(p).flatten().tolist() for p in params],
+            "exp_avg": [safe_get_full_optimizer_state(p, "exp_avg").flatten().tolist() for p in params],
+            "local_numel": local}
+
+
 if __name__ == "__main__":
     case, args = sys.argv[1], [int(arg) for arg in sys.argv[2:]]
-    result = {"no_sync": no_sync, "returned_param": returned_param, "pipe_eval": pipe_eval}[case](*args)
+    result = {"no_sync": no_sync, "returned_param": returned_param, "pipe_eval": pipe_eval,
+              "fragments": fragments}[case](*args)
     print("RESULT " + json.dumps(result), flush=True)

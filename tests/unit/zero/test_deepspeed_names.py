@@ -329,17 +329,105 @@ def test_deepspeed_config_model_drops_auto_and_forbids_unknown_keys():
         Section(sizes=3)
 
 
+# ---- deepspeed.utils' tensor-fragment family --------------------------------------------------------
+def trained_pair(stage, bf16=False):
+    """An engine and a plain AdamW copy after one step on the same batch."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    plain.load_state_dict(model.state_dict())
+    config = {"train_micro_batch_size_per_gpu": 2, "gradient_clipping": 0.0,
+              "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
+              "optimizer": {"type": "AdamW", "params": {"lr": 0.1}}}
+    if bf16:
+        config["bf16"] = {"enabled": True}
+    engine, *_ = zero.initialize(model=model, config=config)
+    reference = torch.optim.AdamW(plain.parameters(), lr=0.1, weight_decay=0.0)
+    x = torch.randn(2, 4, generator=torch.Generator().manual_seed(1))
+    engine.backward(engine(x.to(engine.module[0].weight.dtype)).float().pow(2).mean())
+    engine.step()
+    plain(x).pow(2).mean().backward()
+    reference.step()
+    return engine, plain, reference
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_safe_get_full_fp32_param_and_optimizer_state_are_the_masters(stage):
+    from launcher.zero.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    engine, plain, reference = trained_pair(stage)
+    for ours, theirs in zip(engine.module.parameters(), plain.parameters()):
+        full = safe_get_full_fp32_param(ours)
+        assert full.dtype == torch.float32 and torch.allclose(full, theirs, atol=1e-6)
+        state = safe_get_full_optimizer_state(ours, "exp_avg_sq")
+        assert torch.allclose(state, reference.state[theirs]["exp_avg_sq"], atol=1e-9)
+
+
+def test_the_full_fp32_master_of_a_bf16_model_is_not_its_rounded_weight():
+    from launcher.zero.utils import safe_get_full_fp32_param
+
+    engine, plain, _ = trained_pair(2, bf16=True)
+    weight = engine.module[0].weight
+    master = safe_get_full_fp32_param(weight)
+    assert master.dtype == torch.float32 and torch.equal(master.to(torch.bfloat16), weight.detach())
+    assert not torch.equal(master, weight.detach().float())
+
+
+def test_safe_set_full_fp32_param_writes_the_master_that_the_next_step_publishes():
+    from launcher.zero.utils import safe_get_full_fp32_param, safe_set_full_fp32_param, safe_set_full_optimizer_state
+
+    engine, _, _ = trained_pair(2)
+    weight = engine.module[2].weight
+    value = torch.arange(16, dtype=torch.float32).view(2, 8) / 16
+    safe_set_full_fp32_param(weight, value)
+    assert torch.equal(safe_get_full_fp32_param(weight), value)
+    safe_set_full_optimizer_state(weight, torch.zeros(2, 8), "exp_avg")
+    for group in engine.optimizer.param_groups:   # a step that moves nothing: the model takes the master
+        group["lr"] = 0.0
+    engine.backward(engine(torch.randn(2, 4)).pow(2).mean())
+    engine.step()
+    assert torch.equal(weight.detach(), value)
+
+
+def test_the_local_functions_are_stage_3_only_and_give_this_ranks_partition():
+    from launcher.zero.utils import (safe_get_full_fp32_param, safe_get_local_fp32_param,
+                                     safe_get_local_optimizer_state, safe_set_local_fp32_param)
+
+    engine, _, _ = trained_pair(3)
+    weight = engine.module[0].weight
+    local = safe_get_local_fp32_param(weight)
+    assert local.dim() == 1 and torch.equal(local, safe_get_full_fp32_param(weight).flatten())   # one rank: all of it
+    assert safe_get_local_optimizer_state(weight, "exp_avg").shape == local.shape
+    safe_set_local_fp32_param(weight, torch.ones_like(local))
+    assert torch.equal(safe_get_full_fp32_param(weight), torch.ones(8, 4))
+    torch.distributed.destroy_process_group()
+    engine, _, _ = trained_pair(1)
+    with pytest.raises(AssertionError, match="only defined for ZeRO-3 partitioned parameters"):
+        safe_get_local_fp32_param(engine.module[0].weight)
+
+
+def test_a_parameter_no_engine_trains_reads_as_none_and_the_gradient_functions_say_not_supported():
+    from launcher.zero import utils
+
+    assert utils.safe_get_full_fp32_param(torch.nn.Parameter(torch.zeros(2))) is None
+    for name in ("safe_get_full_grad", "safe_set_full_grad", "safe_get_local_grad", "safe_set_local_grad",
+                 "safe_update_full_grad_vectorized", "unset_z3_leaf_modules"):
+        with pytest.raises(NotSupportedError, match=name):
+            getattr(utils, name)(torch.nn.Parameter(torch.zeros(2)))
+
+
 # ---- the shim answers every new path ------------------------------------------------------------
 NEW_PATHS = ["deepspeed.git_version_info", "deepspeed.runtime.zero.config", "deepspeed.runtime.zero.tiling",
              "deepspeed.runtime.fp16", "deepspeed.runtime.fp16.loss_scaler", "deepspeed.runtime.fp16.fused_optimizer",
              "deepspeed.runtime.fp16.unfused_optimizer", "deepspeed.runtime.bf16_optimizer",
-             "deepspeed.runtime.config_utils", "deepspeed.utils.init_on_device"]
+             "deepspeed.runtime.config_utils", "deepspeed.utils.init_on_device", "deepspeed.utils.tensor_fragment"]
 NEW_NAMES = ["deepspeed:DeepSpeedConfigError", "deepspeed:OnDevice", "deepspeed:git_hash",
              "deepspeed.zero:unwrap_model_for_generation", "deepspeed.zero:TiledLinear",
              "deepspeed.zero:TiledLinearReturnBias", "deepspeed.runtime.zero:TiledLinear",
              "deepspeed.accelerator:is_current_accelerator_supported", "deepspeed.runtime.lr_schedules:WARMUP_MIN_LR",
              "deepspeed.runtime.config:DeepSpeedConfigError", "deepspeed.runtime.fp16.loss_scaler:DynamicLossScaler",
-             "deepspeed.runtime.zero.config:ZeroStageEnum", "deepspeed.utils:unset_z3_leaf_modules"]
+             "deepspeed.runtime.zero.config:ZeroStageEnum", "deepspeed.utils:unset_z3_leaf_modules",
+             "deepspeed.utils:safe_set_full_grad", "deepspeed.utils:safe_get_local_fp32_param"]
 SHIM_CHECK = """
 import importlib, sys
 from launcher.zero.shim import install
