@@ -261,7 +261,7 @@ def test_the_static_scaler_and_the_factory():
 
     static = ls.LossScaler(scale=128)
     loss = torch.tensor(2.0, requires_grad=True)
-    assert float(static.scale_loss(loss)) == 256.0 and not static.dynamic and static.has_overflow([]) is False
+    assert static.scale_loss(loss).item() == 256.0 and not static.dynamic and static.has_overflow([]) is False
     static.update_scale(True)
     assert static.loss_scale == 128
     args = {ls.INITIAL_LOSS_SCALE: 2 ** 16, ls.SCALE_WINDOW: 1000, ls.MIN_LOSS_SCALE: 1, ls.DELAYED_SHIFT: 2,
