@@ -67,7 +67,7 @@ class EngineUsageError(DslaunchError, AssertionError):
     on an engine built without an optimizer): typed, with a hint, and an AssertionError too, so a
     script's ``except`` written against DeepSpeed still catches it."""
 
-    kind = "engine usage error"
+    kind = "usage error"   # "dslaunch: usage error: engine.step(): ..." from the rank (failure.py)
 
 
 class _NotBuiltMeta(type):
