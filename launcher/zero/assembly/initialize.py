@@ -21,7 +21,6 @@ from launcher.zero.data.loader import build_dataloader
 from launcher.zero.engine.monitor import Monitor, ready_line
 from launcher.zero.engine.watch import StepWatch
 from launcher.zero.engine.zero_engine import EngineParts, TensorParallelInfo, ZeroEngine
-from launcher.zero.engine.zero_optimizer import NoOptimizer
 from launcher.zero.errors import ConfigError
 from launcher.zero.experts.param_groups import configure_moe_param_groups
 from launcher.zero.experts.wiring import check_param_groups, refuse_in_pipeline, set_up_experts
@@ -97,10 +96,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
 
 def _client_optimizer(optimizer, params, experts, cfg, dist_context: DistContext):
     """The client optimizer (given, from a callable, or from the config's section), checked for
-    the stage; and whether it does its own gradient communication (1-bit Adam: stage 0 only). None
-    passed and no config section: a NoOptimizer (an engine that evaluates, as DeepSpeed builds one)."""
-    if optimizer is None and cfg.optimizer is None:
-        return NoOptimizer(), False
+    the stage; and whether it does its own gradient communication (1-bit Adam: stage 0 only)."""
     if experts and optimizer is None:   # DeepSpeed splits the expert params into their own groups
         params = configure_moe_param_groups(params)
     optimizer = client_optimizer(optimizer, params, cfg, process_group=dist_context.group,

@@ -35,8 +35,7 @@ from launcher.zero.engine.reporting import Progress, StepFacts
 from launcher.zero.engine.watch import StepWatch
 from launcher.zero.engine.optimizer_step import (StepCounters, StepOutcome, StepRules, norm_stays_on_device,
                                                  take_model_step, update_parameters)
-from launcher.zero.engine.zero_optimizer import (EngineOptimizer, NoOptimizer, UpdateRecord, handed_out_optimizer,
-                                                 second_step)
+from launcher.zero.engine.zero_optimizer import EngineOptimizer, UpdateRecord, handed_out_optimizer, second_step
 from launcher.zero.errors import ConfigError, EngineUsageError, NotSupportedError
 from launcher.zero.experts.wiring import ExpertSetup
 from launcher.zero.precision.loss_scaler import LossScaler
@@ -109,9 +108,8 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         self._inside_no_sync = False   # engine.no_sync()
         self._global_grad_norm: float | DeviceNorm | None = None
         self._update = UpdateRecord()
-        # None for an engine built without an optimizer (it evaluates only), as DeepSpeed's
-        self.optimizer: EngineOptimizer | None = (None if isinstance(parts.optimizer, NoOptimizer)
-                                                  else handed_out_optimizer(self, self._update))
+        # None for an engine built without an optimizer at stage 0 in fp32/fp16, as DeepSpeed's
+        self.optimizer: EngineOptimizer | None = handed_out_optimizer(self, self._update)
         sync = torch.cuda.synchronize if self.dist_context.device.type == "cuda" else None
         self.progress = Progress(self.zero_config, self.monitor, getattr(self.lr_scheduler, "total_num_steps", None), sync,
                                  self.watch)

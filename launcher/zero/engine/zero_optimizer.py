@@ -42,19 +42,6 @@ class ZeROOptimizer(DeepSpeedOptimizer):
     """DeepSpeed's base of its ZeRO optimizers (stages 1-3)."""
 
 
-class NoOptimizer(torch.optim.Optimizer):
-    """What an engine built without an optimizer holds in the client optimizer's place: no parameter
-    groups, so the strategy keeps no master copies, and no step. DeepSpeed returns None for it (an
-    evaluation or reference model, as TRL builds): ``engine.optimizer`` is None then."""
-
-    def __init__(self):
-        super().__init__([{"params": []}], {})   # torch refuses no group at all; then there is none
-        self.param_groups.clear()
-
-    def step(self, closure=None):
-        raise OptimizerStepError("the engine was built without an optimizer", hint="pass optimizer= to initialize")
-
-
 @dataclass
 class UpdateRecord:
     """What the last optimizer update left, shared by the engine and the optimizer it hands out."""

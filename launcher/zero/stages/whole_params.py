@@ -67,7 +67,6 @@ class WholeParamsStrategy(ZeroStrategy):
             group.dist_context = contexts[group.index]
         self.param_buffers = [flatten_into_buffer(group, ctx.dist_context.device, ctx.precision.param_dtype)
                               for group in self.groups]
-        self.aliased = True   # no group (an engine without an optimizer): no master copies either
         self.masters = [self._build_master(group, buffer) for group, buffer in zip(self.groups, self.param_buffers)]
         for group, master in zip(self.groups, self.masters):
             optimizer.param_groups[group.index]["params"] = [master]
