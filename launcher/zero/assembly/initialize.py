@@ -80,7 +80,8 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
                               reduce_gradients=not handles_comm, expert_data_contexts=experts.contexts)
     strategy = _strategy_class(cfg, mpu, model)(context)
     strategy.setup(model, optimizer)
-    scheduler = client_scheduler(lr_scheduler, optimizer, cfg)
+    # DeepSpeed: no optimizer, no scheduler (an evaluation engine)
+    scheduler = None if isinstance(optimizer, NoOptimizer) else client_scheduler(lr_scheduler, optimizer, cfg)
     scaler = LossScaler(rules_from_config(cfg.fp16, cfg.zero_stage)) if cfg.fp16.enabled else None
     monitor = _monitor(cfg, dist_context.rank)
     dataloader = _dataloader(training_data, cfg, dist_context, collate_fn)
