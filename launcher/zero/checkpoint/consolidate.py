@@ -117,16 +117,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exclude_frozen_parameters", "--exclude-frozen-parameters", action="store_true",
                         help="leave out parameters that were not trained")
     args = parser.parse_args(argv)
+    return run_converter("dslaunch-zero-to-fp32", args.output_file, lambda: convert_zero_checkpoint_to_fp32_state_dict(
+        args.checkpoint_dir, args.output_file, args.tag, args.exclude_frozen_parameters))
+
+
+def run_converter(program: str, target: str, convert) -> int:
+    """A converter command's ending: ``convert()``'s path written, or its typed error (and hint) or an
+    unwritable ``target`` on stderr with the exit code."""
     try:
-        written = convert_zero_checkpoint_to_fp32_state_dict(args.checkpoint_dir, args.output_file, args.tag,
-                                                             args.exclude_frozen_parameters)
+        written = convert()
     except DslaunchError as error:
-        print(f"dslaunch-zero-to-fp32: {error.kind}: {error.message}", file=sys.stderr)
+        print(f"{program}: {error.kind}: {error.message}", file=sys.stderr)
         if error.hint:
             print(f"hint: {error.hint}", file=sys.stderr)
         return error.exit_code
     except OSError as error:
-        print(f"dslaunch-zero-to-fp32: error: cannot write {args.output_file}: {error.strerror}", file=sys.stderr)
+        print(f"{program}: error: cannot write {target}: {error.strerror}", file=sys.stderr)
         return 1
     print(f"wrote {written}")
     return 0

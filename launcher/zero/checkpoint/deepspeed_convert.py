@@ -14,9 +14,9 @@ import argparse
 import os
 import sys
 
-from launcher.errors import DslaunchError
 from launcher.zero.checkpoint import deepspeed_writer as writer
 from launcher.zero.checkpoint import digest
+from launcher.zero.checkpoint.consolidate import run_converter
 from launcher.zero.checkpoint import format as fmt
 from launcher.zero.checkpoint.deepspeed_layout import DeepSpeedCheckpointError
 from launcher.zero.checkpoint.deepspeed_reader import DeepSpeedCheckpoint, is_deepspeed_checkpoint
@@ -75,19 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sub_group_size", type=int, default=1_000_000_000,
                         help="the DeepSpeed job's zero_optimization.sub_group_size (stage 3)")
     args = parser.parse_args(argv)
-    try:
-        written = convert(args.checkpoint_dir, args.output_dir, args.tag, args.world_size, args.stage, args.dtype,
-                          args.sub_group_size)
-    except DslaunchError as error:
-        print(f"dslaunch-to-deepspeed: {error.kind}: {error.message}", file=sys.stderr)
-        if error.hint:
-            print(f"hint: {error.hint}", file=sys.stderr)
-        return error.exit_code
-    except OSError as error:
-        print(f"dslaunch-to-deepspeed: error: cannot write {args.output_dir}: {error.strerror}", file=sys.stderr)
-        return 1
-    print(f"wrote {written}")
-    return 0
+    return run_converter("dslaunch-to-deepspeed", args.output_dir, lambda: convert(
+        args.checkpoint_dir, args.output_dir, args.tag, args.world_size, args.stage, args.dtype, args.sub_group_size))
 
 
 if __name__ == "__main__":
