@@ -8,19 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from launcher.zero.layout.partition_math import partition_uniform
 from launcher.zero.stages.stage3.init_context import GatheredParameters
-
-
-def tile_bounds(features: int, tiles: int) -> list[int]:
-    """DeepSpeed's ``partition_uniform``: tile p covers [bounds[p], bounds[p + 1]); the first
-    ``features % tiles`` tiles are one wider."""
-    if features <= tiles:
-        return [min(p, features) for p in range(tiles + 1)]
-    base, extra = divmod(features, tiles)
-    bounds = [0]
-    for p in range(tiles):
-        bounds.append(bounds[-1] + base + (1 if p < extra else 0))
-    return bounds
 
 
 class TiledLinear(torch.nn.Module):
@@ -40,8 +29,8 @@ class TiledLinear(torch.nn.Module):
         self.in_splits, self.out_splits = in_splits, out_splits
         self.input_is_already_split, self.combine_out_splits = input_is_already_split, combine_out_splits
         # CSR-style bounds: tile p covers [parts[p], parts[p + 1])
-        self.in_parts = tile_bounds(in_features, in_splits)
-        self.out_parts = tile_bounds(out_features, out_splits)
+        self.in_parts = partition_uniform(in_features, in_splits)
+        self.out_parts = partition_uniform(out_features, out_splits)
         self.linears = torch.nn.ModuleList()
         for out_id in range(out_splits):
             row = torch.nn.ModuleList()
@@ -55,7 +44,7 @@ class TiledLinear(torch.nn.Module):
 
     def forward(self, input_):
         if self.in_splits > 1 and not self.input_is_already_split:
-            parts = tile_bounds(input_.shape[-1], self.in_splits)
+            parts = partition_uniform(input_.shape[-1], self.in_splits)
             inputs = self._split_global_input(input_, [parts[p + 1] - parts[p] for p in range(self.in_splits)])
         elif self.in_splits > 1:
             inputs = input_
