@@ -12,6 +12,7 @@ import glob
 import os
 import re
 
+from launcher.zero.checkpoint import deepspeed_layout as layout
 from launcher.zero.checkpoint import format as fmt
 from launcher.zero.errors import NotSupportedError
 
@@ -56,7 +57,7 @@ def get_model_state_file(checkpoint_dir, zero_stage: int) -> str:
     checkpoint_dir = os.fspath(checkpoint_dir)
     if not os.path.isdir(checkpoint_dir):
         raise FileNotFoundError(f"Directory '{checkpoint_dir}' doesn't exist")
-    name = "mp_rank_00_model_states.pt" if zero_stage <= 2 else "zero_pp_rank_0_mp_rank_00_model_states.pt"
+    name = layout.MODEL_STATES if zero_stage <= 2 else layout.zero_model_states_name(0)
     path = os.path.join(checkpoint_dir, name)
     if not os.path.exists(path):
         if os.path.isfile(os.path.join(checkpoint_dir, fmt.METADATA)):
