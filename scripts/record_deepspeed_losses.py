@@ -190,6 +190,19 @@ def record_bf16_steps(python: str, log: Path) -> dict:
     return {"stages": stages}
 
 
+# DeepSpeed 0.19's Muon (muon_steps_worker.py): Muon for matrices, its auxiliary Adam for the rest (issue 41)
+MUON_WORKER = "tests/dist/workers/muon_steps_worker.py"
+
+
+def record_muon_steps(python: str, log: Path) -> dict:
+    stages = {}
+    for stage in range(4):
+        with tempfile.TemporaryDirectory(prefix="ds-muon-") as scratch:
+            torchrun(python, [MUON_WORKER, str(stage), "--out", scratch], log, f"muon_steps stage {stage}", timeout=600)
+            stages[str(stage)] = json.loads((Path(scratch) / "rank0.json").read_text())
+    return {"stages": stages}
+
+
 # the optimizer deepspeed.initialize returns, stepped the ways frameworks step it (returned_optimizer_worker.py)
 RETURNED_WORKER = "tests/dist/workers/returned_optimizer_worker.py"
 RETURNED_LOOPS = ("engine", "optimizer", "both", "lightning")
@@ -225,7 +238,7 @@ def returned_optimizer_run(python: str, stage: int, loop: str, log: Path, attemp
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", default="/work/dsref/bin/python", help="a Python with a real DeepSpeed")
-    parser.add_argument("--only", nargs="*", help="case names, loader_order, bf16_steps and returned_optimizer among them (default: all)")
+    parser.add_argument("--only", nargs="*", help="case names, loader_order, bf16_steps, muon_steps and returned_optimizer among them (default: all)")
     parser.add_argument("--log", default="/tmp/record_deepspeed_losses.log")
     options = parser.parse_args()
 
@@ -244,6 +257,11 @@ def main() -> int:
                   "worker": BF16_WORKER, **record_bf16_steps(options.python, Path(options.log))}
         (out_dir / "bf16_steps.json").write_text(json.dumps(record, indent=1) + "\n")
         print("bf16_steps: recorded stages", sorted(record["stages"]), flush=True)
+    if not options.only or "muon_steps" in options.only:
+        record = {"case": "muon_steps", "versions": found, "launch": launch, "world_size": WORLD_SIZE,
+                  "worker": MUON_WORKER, **record_muon_steps(options.python, Path(options.log))}
+        (out_dir / "muon_steps.json").write_text(json.dumps(record, indent=1) + "\n")
+        print("muon_steps: recorded stages", sorted(record["stages"]), flush=True)
     if not options.only or "returned_optimizer" in options.only:
         record = {"case": "returned_optimizer", "versions": found, "launch": launch, "world_size": WORLD_SIZE,
                   "worker": RETURNED_WORKER, **record_returned_optimizer(options.python, Path(options.log))}
