@@ -191,17 +191,29 @@ def compile_config(settings: Settings) -> dict:
     return {"enabled": True, "backend": settings.compile_backend, "kwargs": {}}
 
 
+def torch_pinned_host_buffers() -> None:
+    """In this worker process only: offload's large host buffers come from torch's caching pinned
+    allocator (cudaHostAlloc, blocks rounded up to a power of two), as on 6d3c329, instead of
+    exact-size mapped pages locked with cudaHostRegister (stages/host_memory.py, since a00dc26).
+    The A/B of issue 43 item 1: the same step with either kind of page-locked memory."""
+    from launcher.zero.stages import host_memory
+
+    host_memory.EXACT_FROM_BYTES = float("inf")   # no size reaches it: every buffer takes torch's path
+
+
 def ours(stage: int, offload: bool = False, overlap: bool = False, compiled: bool = False,
-         offload_param: bool = False, fp32: bool = False, trace: bool = True):
+         offload_param: bool = False, fp32: bool = False, trace: bool = True, torch_pinned: bool = False):
     """Our engine, launcher.zero, at a stage (with optimizer offload to CPU if asked; compiled:
     the whole module at stages 0-2, per block at stage 3; fp32: bf16 off; trace False: the inf/NaN
-    trace off, ``non_finite.trace``, on by default)."""
+    trace off, ``non_finite.trace``, on by default; torch_pinned: see torch_pinned_host_buffers)."""
 
     def build(model: torch.nn.Module, settings: Settings) -> Step:
         try:
             from launcher import zero
         except ImportError as exc:
             raise Unavailable(f"launcher.zero not importable: {exc}") from None
+        if torch_pinned:
+            torch_pinned_host_buffers()
         try:
             zero.initialize  # noqa: B018 - lazy attribute: imports the engine
         except (ImportError, AttributeError) as exc:
@@ -271,6 +283,9 @@ VARIANTS: dict[str, Callable[[torch.nn.Module, Settings], Step]] = {
     "zero3_offload_all": ours(3, offload=True, offload_param=True),
     "zero2_offload_overlap": ours(2, offload=True, overlap=True),
     "zero3_offload_overlap": ours(3, offload=True, overlap=True),
+    # the same with torch's pinned allocator for the host buffers (issue 43 item 1's A/B)
+    "zero2_offload_overlap_torch_pinned": ours(2, offload=True, overlap=True, torch_pinned=True),
+    "zero3_offload_overlap_torch_pinned": ours(3, offload=True, overlap=True, torch_pinned=True),
     **{f"ds_zero{s}": deepspeed(s) for s in range(4)},
     "ds_zero2_offload": deepspeed(2, offload=True),
     "ds_zero3_offload": deepspeed(3, offload=True),

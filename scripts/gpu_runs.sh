@@ -23,6 +23,14 @@
 #                                        per-step losses, then gradient checkpointing (~7 min)
 #   scripts/gpu_runs.sh capacity2 OUTDIR the largest GPT of stage 3 with offload (optimizer only, and
 #                                        optimizer and parameters), bytes per parameter  (~8 min)
+# Issue 43 item 1 (offload's 0.690 -> 0.645 between 6d3c329 and 7878aa9):
+#   scripts/gpu_runs.sh offload-ab OUTDIR both overlapped offloads x3 beside plain, each also with torch's
+#                                        pinned allocator for its host buffers (as on 6d3c329) instead of
+#                                        exact-size registered pages (a00dc26); the floors and the A/B
+#                                        judged by scripts/offload_floor.py; then the host side alone per
+#                                        kind of buffer (bench_host_buffers.py); exits 1 on a regression (~6 min)
+#   offload3 and offload-ab judge their repeats against the floors (scripts/offload_floor.py: on an
+#   H100, 0.67x plain for both overlapped offloads); a missed floor prints REGRESSED and the part exits 1
 # Issue 31 item 5:
 #   scripts/gpu_runs.sh moe      OUTDIR  the GPT with an MoE layer every other block (8 experts, top-2,
 #                                        ep 1; 1.1B parameters, batch 8 x 1024, bf16): plain PyTorch with
@@ -37,10 +45,10 @@
 # JSON is on its [bench] line in NAME.txt). At the end everything but the traces is packed into
 # OUTDIR/PART.tar.gz, since the device tool brings back at most 8 files.
 set -uo pipefail
-parts="accept|accept-tests|speed3|offload3|llama|capacity2|moe|speed|sweep|capacity|check"
+parts="accept|accept-tests|speed3|offload3|offload-ab|llama|capacity2|moe|speed|sweep|capacity|check"
 part=${1:?usage: scripts/gpu_runs.sh $parts OUTDIR}
 out=${2:?usage: scripts/gpu_runs.sh $part OUTDIR}
-case $part in accept|accept-tests|speed3|offload3|llama|capacity2|moe|speed|sweep|capacity|check) ;;
+case $part in accept|accept-tests|speed3|offload3|offload-ab|llama|capacity2|moe|speed|sweep|capacity|check) ;;
   *) echo "unknown part '$part': ${parts//|/, }"; exit 2 ;; esac
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0
@@ -60,6 +68,13 @@ gpu_tests() {   # gpu_tests SECONDS
     [ "$part" = check ] && return 0
     timeout "$1" python3 -m pytest tests/gpu -m gpu -q >"$out/gpu-tests.txt" 2>&1
     tail -3 "$out/gpu-tests.txt"
+}
+
+floor() {   # floor NAME: judge NAME.jsonl's medians against the offload floors (a miss fails the part)
+    echo "== floor-$1: python3 scripts/offload_floor.py \$OUT/$1.jsonl"
+    [ "$part" = check ] && return 0
+    python3 scripts/offload_floor.py "$out/$1.jsonl" | tee "$out/$1-floor.txt"
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
 }
 
 trace() {   # trace VARIANT SECONDS: where one offloaded step's time goes
@@ -93,6 +108,7 @@ setup() {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     python3 -c "import os, torch, deepspeed, transformers; print('torch', torch.__version__, 'deepspeed', deepspeed.__version__, 'transformers', transformers.__version__, 'cores', os.cpu_count())"
     free -g | head -2
+    grep -m1 'model name' /proc/cpuinfo   # offload is bound by the host: runs on other CPUs compare badly
     date -u
 }
 
@@ -126,10 +142,18 @@ case $part in
   offload3|check)
     run offload-repeat3 150 "${bench[@]}" --repeat 3 --budget 140 --timeout 60 --variants \
         plain,zero2_offload_overlap,zero3_offload_overlap
+    floor offload-repeat3
     run offload-bytes 240 "${bench[@]}" --bytes --peak-size 0 --timeout 90 --variants \
         plain,zero2_offload,zero3_offload,zero3_offload_all,ds_zero2_offload,ds_zero3_offload,ds_zero3_offload_all
     trace zero2_offload_overlap 75
     trace zero3_offload_overlap 75
+    ;;&
+  offload-ab|check)
+    run offload-ab 300 "${bench[@]}" --repeat 3 --budget 280 --timeout 60 --variants \
+        plain,zero2_offload_overlap,zero2_offload_overlap_torch_pinned,zero3_offload_overlap,zero3_offload_overlap_torch_pinned
+    floor offload-ab
+    run host-buffers 120 python3 scripts/bench_host_buffers.py --repeat 3
+    cat "$out/host-buffers.jsonl" 2>/dev/null
     ;;&
   llama|check)
     llama=(python3 scripts/bench_engine.py --model llama --batch 8 --seq 1024 --warmup 2 --steps 5)
