@@ -25,7 +25,8 @@ def client_optimizer(optimizer, params, cfg, process_group=None, offload: bool =
     if cfg.optimizer is None:
         raise ConfigError("no optimizer: the config has no 'optimizer' section and none was passed",
                           hint='add "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}} or pass optimizer=')
-    return build_optimizer(cfg.optimizer, params, process_group=process_group, offload=offload)
+    return build_optimizer(cfg.optimizer, params, process_group=process_group, offload=offload,
+                           bf16_moments=bool(cfg.bf16.bf16_optimizer_states))
 
 
 def client_scheduler(lr_scheduler, optimizer, cfg):

@@ -121,21 +121,24 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         With optimizer offload the gradients stay on the device until our CPU Adam takes them
         chunk by chunk (grad_feed.py), unless the step runs in the background (overlap_step keeps
         two host buffers) or a subclass measures the norm from the masters' .grad itself (tensor
-        parallelism): then they go to an fp32 host buffer during backward. Offload adds micro-steps
-        up in fp32; one micro-step a step adds nothing up, and its gradients keep their dtype."""
+        parallelism): then they go to a host buffer in the masters' dtype during backward. Offload
+        adds micro-steps up in fp32; one micro-step a step adds nothing up, and its gradients keep
+        their dtype on the device."""
         self.device_grads = bool(self.offload_optimizer and not zero.offload_optimizer.overlap_step
                                  and hasattr(optimizer, "grad_feed")
                                  and type(self).grad_square_sum is Stage3Strategy.grad_square_sum)
         host_grads = self.offload_optimizer and not self.device_grads
         accumulating = int(self.context.config.gradient_accumulation_steps) > 1
-        fp32 = host_grads or (self.device_grads and accumulating)
-        return host_grads, torch.float32 if fp32 else self.context.precision.grad_accum_dtype
+        if host_grads:
+            return True, torch.float32 if accumulating else self.context.precision.master_dtype
+        return False, torch.float32 if self.device_grads and accumulating else self.context.precision.grad_accum_dtype
 
     def _start_feed(self, optimizer, pin: bool):
         """device_grads: the optimizer takes each chunk's gradient from a GradFeed over self.grads."""
         from launcher.zero.stages.grad_feed import GradFeed
 
-        feed = GradFeed(self.context.dist_context.device, optimizer.chunk_elements, pin)
+        feed = GradFeed(self.context.dist_context.device, optimizer.chunk_elements, pin,
+                        dtype=self.context.precision.master_dtype)
         feed.use(self.masters, self.grads)
         optimizer.grad_feed = feed
         # what a master's .grad holds meanwhile: the right shape, no memory (the feed has the values)
