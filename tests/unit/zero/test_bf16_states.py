@@ -103,6 +103,8 @@ def test_offload_keeps_bf16_masters_and_grads_on_the_host(stage, keys, moment_dt
     memory = engine.memory_breakdown()
     assert memory["master_weights"] == 2 * numel or stage == 3 and memory["master_weights"] == 0
     assert memory["optimizer_states"] == 2 * numel * moment_dtype.itemsize
+    if stage < 3:   # stages 1-2 copy the gradients to a host buffer in the masters' dtype (stage 3 feeds them)
+        assert memory["host_gradients"] == 2 * numel
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
