@@ -22,7 +22,9 @@ def build_optimizer(spec, params, process_group=None, offload: bool = False,
     With ``offload`` (ZeRO-Offload), Adam and AdamW run as our multi-threaded CPU Adam, as
     DeepSpeed builds DeepSpeedCPUAdam, unless ``torch_adam: true`` asks for torch's; it keeps bf16
     masters' moments in bf16 with ``bf16_moments`` (``bf16.bf16_optimizer_states``), else as
-    ``fp32_optimizer_states`` says (fp32 by default).
+    ``fp32_optimizer_states`` says (fp32 by default). Without offload, ``bf16_moments`` (bf16
+    masters and moments on the device) takes torch's fused kernel on any device: it reads bf16 in
+    fp32 and rounds each result once, where the other kernels compute in bf16.
     """
     name = spec.type.lower()
     kwargs = dict(spec.params)
@@ -53,7 +55,7 @@ def build_optimizer(spec, params, process_group=None, offload: bool = False,
             params = materialize_params(params)
             # one fused kernel over all tensors on the GPU (the foreach path makes several passes)
             if fused is None:
-                fused = all_on_cuda(params)
+                fused = all_on_cuda(params) or bf16_moments
             # DeepSpeed: "Adam" means decoupled weight decay unless adam_w_mode is false
             cls = torch.optim.AdamW if (name == "adamw" or adam_w_mode) else torch.optim.Adam
             return cls(params, fused=bool(fused) or None, **kwargs)

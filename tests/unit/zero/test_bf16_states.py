@@ -168,3 +168,22 @@ def test_fp32_moments_saved_load_as_bf16_moments_when_the_config_asks(tmp_path):
     _, moments = _dtypes(resumed)
     assert moments and {t.dtype for t in moments} == {torch.bfloat16}
     bf16_square_loss_steps(resumed, 1)   # and it steps
+
+
+# ---- DeepSpeed's arithmetic where it differs from ours with fp32 masters --------------------
+@pytest.mark.parametrize("accum, want", [(None, torch.bfloat16), ("fp32", torch.float32)])
+def test_stage3_adds_micro_steps_up_in_the_configured_dtype_with_bf16_masters(accum, want):
+    """fp32 masters add stage 3's offloaded micro-steps up in fp32; bf16 masters take bf16 gradients
+    as DeepSpeed does (its stage 3 adds them up in the model's dtype), unless data_types says fp32."""
+    cfg = dict(config(STATES, stage=3), gradient_accumulation_steps=2)
+    if accum:
+        cfg["data_types"] = {"grad_accum_dtype": accum}
+    engine = engine_for(cfg)
+    assert {g.dtype for g in engine.strategy.grads} == {want}
+    assert {s.dtype for s in engine.strategy.feed.slots} == {torch.bfloat16}   # the CPU Adam reads bf16
+
+
+def test_bf16_moments_on_the_device_take_the_fused_kernel():
+    """torch's foreach AdamW over bf16 computes in bf16; the fused kernel in fp32, as DeepSpeed's."""
+    engine = engine_for(config(STATES, stage=2, offload=False))
+    assert all(group["fused"] for group in engine.basic_optimizer.param_groups)

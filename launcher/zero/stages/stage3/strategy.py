@@ -123,16 +123,19 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         chunk by chunk (grad_feed.py), unless the step runs in the background (overlap_step keeps
         two host buffers) or a subclass measures the norm from the masters' .grad itself (tensor
         parallelism): then they go to a host buffer in the masters' dtype during backward. Offload
-        adds micro-steps up in fp32; one micro-step a step adds nothing up, and its gradients keep
-        their dtype on the device."""
+        with fp32 masters adds micro-steps up in fp32; one micro-step a step adds nothing up, and
+        its gradients keep their dtype on the device. bf16 masters take bf16 gradients, added up
+        in ``data_types.grad_accum_dtype`` (bf16 unless set), as DeepSpeed keeps them."""
         self.device_grads = bool(self.offload_optimizer and not zero.offload_optimizer.overlap_step
                                  and hasattr(optimizer, "grad_feed")
                                  and type(self).grad_square_sum is Stage3Strategy.grad_square_sum)
         host_grads = self.grads_on_host = self.offload_optimizer and not self.device_grads
+        precision = self.context.precision
         accumulating = int(self.context.config.gradient_accumulation_steps) > 1
+        fp32_sums = accumulating and torch.float32 in (precision.master_dtype, precision.grad_accum_dtype)
         if host_grads:
-            return True, torch.float32 if accumulating else self.context.precision.master_dtype
-        return False, torch.float32 if self.device_grads and accumulating else self.context.precision.grad_accum_dtype
+            return True, torch.float32 if fp32_sums else precision.master_dtype
+        return False, torch.float32 if self.device_grads and fp32_sums else precision.grad_accum_dtype
 
     def _start_feed(self, optimizer, pin: bool):
         """device_grads: the optimizer takes each chunk's gradient from a GradFeed over self.grads."""
