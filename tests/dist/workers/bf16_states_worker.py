@@ -7,8 +7,10 @@ sets ``bf16_optimizer_states`` too (bf16 moments). ZeRO STAGE 1-3 with ``offload
 (OFFLOAD ``cpu``, the default) or without offload (``none``: DeepSpeed allows that with ``states`` only), a
 small MLP in bf16, 12 optimizer steps of 2 micro-batches of 4 samples per rank (AdamW, gradient
 clipping 1.0); each rank reads its own slice of one fixed data set. Rank 0 prints ``RESULT {"losses":
-[...], "weights": [...]}``: per step the loss averaged over the ranks and micro-batches, and each
-parameter's absolute sum at the end (gathered at stage 3).
+[...], "weights": [...], "masters": [...], "moments": [...]}``: per step the loss averaged over the ranks
+and micro-batches, each parameter's absolute sum at the end (gathered at stage 3), and the dtypes of the
+tensors the inner optimizer steps and of its Adam moments (``engine.optimizer.optimizer``, the CPU Adam
+or the device optimizer under the ZeRO optimizer, in both engines).
 """
 import json
 import sys
@@ -46,10 +48,22 @@ def weights(model: torch.nn.Module, stage: int) -> list:
         return [round(float(p.detach().float().abs().sum()), 6) for p in params]
 
 
+def state_dtypes(engine) -> dict:
+    """The dtypes the optimizer under the ZeRO optimizer steps: its parameters (the masters) and moments."""
+    inner = engine.optimizer.optimizer
+    params = [p for group in inner.param_groups for p in group["params"]]
+    if not params:   # DeepSpeed's stage 3 hands its flat masters to the optimizer only inside step()
+        params = list(getattr(engine.optimizer, "fp32_partitioned_groups_flat", []))
+    masters = {str(p.dtype) for p in params}
+    moments = {str(t.dtype) for state in inner.state.values() for key, t in state.items() if key.startswith("exp_avg")}
+    return {"masters": sorted(masters), "moments": sorted(moments)}
+
+
 def main(stage: int, keys: str, offload: str, out=None):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config(stage, keys, offload))
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                           config=config(stage, keys, offload))
     rank, world = dist.get_rank(), dist.get_world_size()
     x, y = data(world)
     losses = []
@@ -66,7 +80,7 @@ def main(stage: int, keys: str, offload: str, out=None):
         losses.append(total.item() / (GAS * world))
     final = weights(model, stage)
     if rank == 0:
-        record = {"losses": losses, "weights": final}
+        record = {"losses": losses, "weights": final, **state_dtypes(engine)}
         print("RESULT " + json.dumps(record), flush=True)
         if out:
             Path(out).mkdir(parents=True, exist_ok=True)
