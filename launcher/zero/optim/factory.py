@@ -35,15 +35,7 @@ def build_optimizer(spec, params, process_group=None, offload: bool = False,
             kwargs.setdefault(key, value)
     try:
         if name in ("adam", "adamw") and offload and not kwargs.get("torch_adam", False):
-            from launcher.zero.optim.cpu_adam import CPUAdam
-
-            adamw_mode = name == "adamw" or kwargs.pop("adam_w_mode", True)
-            bias_correction = kwargs.pop("bias_correction", True)
-            fp32_moments = not bf16_moments and bool(kwargs.pop("fp32_optimizer_states", True))
-            for key in _ADAM_ONLY_KEYS:
-                kwargs.pop(key, None)
-            return CPUAdam(params, adamw_mode=adamw_mode, bias_correction=bias_correction,
-                           fp32_optimizer_states=fp32_moments, **kwargs)
+            return _cpu_adam(params, name, kwargs, bf16_moments)
         if name in ("adam", "adamw"):
             adam_w_mode = kwargs.pop("adam_w_mode", True)
             if kwargs.pop("bias_correction", True) is not True:
@@ -79,6 +71,19 @@ def build_optimizer(spec, params, process_group=None, offload: bool = False,
     except (TypeError, ValueError) as error:
         raise ConfigError(f"optimizer.params: {spec.type}: {error}",
                           hint=f"check the constructor arguments of {spec.type}") from None
+
+
+def _cpu_adam(params, name: str, kwargs: dict, bf16_moments: bool) -> torch.optim.Optimizer:
+    """Offload's Adam/AdamW: our CPU Adam with DeepSpeedCPUAdam's keys (``fp32_optimizer_states``)."""
+    from launcher.zero.optim.cpu_adam import CPUAdam
+
+    adamw_mode = name == "adamw" or kwargs.pop("adam_w_mode", True)
+    bias_correction = kwargs.pop("bias_correction", True)
+    fp32_moments = not bf16_moments and bool(kwargs.pop("fp32_optimizer_states", True))
+    for key in _ADAM_ONLY_KEYS:
+        kwargs.pop(key, None)
+    return CPUAdam(params, adamw_mode=adamw_mode, bias_correction=bias_correction,
+                   fp32_optimizer_states=fp32_moments, **kwargs)
 
 
 def materialize_params(params) -> list:
