@@ -81,13 +81,6 @@ def hf_config(name: str, tiny: bool):
     return class_name, config_class(**(small if tiny else full), attn_implementation="sdpa")
 
 
-def getattr_model(name: str):
-    """The transformers class of a model name (``LlamaForCausalLM`` for "llama", ...)."""
-    import transformers
-
-    return getattr(transformers, CONFIGS[name][0])
-
-
 def build_lm(name: str, tiny: bool, device: str = "cpu") -> torch.nn.Module:
     """The causal LM in fp32 on the CPU, its weights drawn from ``SEED`` on ``device``: the same in
     every process that draws on the same kind of device (a GPU draws 250M numbers in milliseconds,

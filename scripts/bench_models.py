@@ -86,11 +86,9 @@ def build(kind: str, args, device: torch.device, deepspeed_layer: bool = False) 
     if kind == "qwen2":   # the acceptance run's Qwen2 (GQA 16/2, biased q/k/v, tied head): its step time alone
         import accept_models
 
-        _, config = accept_models.hf_config("qwen2", tiny=args.llama == "tiny")
-        with torch.device(device):
-            lm = accept_models.getattr_model("qwen2")(config)
+        lm = accept_models.build_lm("qwen2", tiny=args.llama == "tiny", device=str(device)).to(device)
         params = sum(p.numel() for p in lm.parameters())
-        return BuiltModel(LlamaLoss(lm), params, accept_models.flops_per_token(lm, args.seq), config.vocab_size,
+        return BuiltModel(LlamaLoss(lm), params, accept_models.flops_per_token(lm, args.seq), lm.config.vocab_size,
                           args.seq)
     if kind == "moe":
         from bench_moe import build_moe_gpt

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""Record a real DeepSpeed's losses for the Hugging Face scripts in tests/scripts/hf (test data for issue 30).
+"""Record a real DeepSpeed's losses for the scripts in tests/scripts/hf and tests/scripts/frameworks (issues 30, 41).
 
 Runs every case below on 2 CPU ranks with the Python of an environment that has a real DeepSpeed,
 transformers and accelerate (never this project's venv), and writes one JSON file per case to
 tests/data/deepspeed-<version>/: the versions, the exact launch, and each run's report (the
 per-step losses, the eval loss, ...). tests/dist/test_hf_trainer.py and test_hf_accelerate.py replay
-the same runs under ``dslaunch --as-deepspeed`` and compare.
+the same runs under ``dslaunch --as-deepspeed`` and compare; tests/dist/test_lightning.py and test_trl.py
+the framework cases (Lightning Fabric and Trainer, TRL's SFT and DPO trainers; the Python given needs
+lightning and trl too, and the versions probe records theirs).
 
 How DeepSpeed runs on CPU here: ``DS_ACCELERATOR=cpu`` (DeepSpeed's CPU accelerator; without
 oneCCL its communication backend is gloo) and torchrun (``python -m torch.distributed.run
@@ -18,6 +20,11 @@ Accelerate script turns it into ``PartialState(cpu=True)`` before ``Accelerator(
 ``Accelerator(cpu=True)`` (and ``accelerate launch --use_cpu``) quietly drops the DeepSpeed plugin.
 
     scripts/record_deepspeed_losses.py --python /work/dsref/bin/python [--only trainer_zero2 ...]
+
+DeepSpeed JIT-builds its CPU ops (FusedAdam, the shm all-reduce) into ~/.cache/torch_extensions, one
+folder per op for every DeepSpeed install on the machine: two installs in turn rebuild each other's ops,
+and a run killed mid-build leaves a ``lock`` file that every later run waits on forever. Record with the
+machine's one DeepSpeed install, or give another its own ``TORCH_EXTENSIONS_DIR``.
 """
 from __future__ import annotations
 
@@ -59,7 +66,7 @@ def accelerate_run(stage: int, part: str, *extra: str) -> list[str]:
 
 def cases() -> dict[str, list[list[str]]]:
     """Case name -> the runs it is made of, in order ({out}: the case's own scratch folder)."""
-    table = {}
+    table = framework_cases()
     for stage in range(4):
         table[f"trainer_zero{stage}"] = [trainer_run(stage, "straight")]
         table[f"trainer_zero{stage}_resume"] = [trainer_run(stage, "interrupted", "--stop_after_step", "5"),
@@ -68,6 +75,44 @@ def cases() -> dict[str, list[list[str]]]:
         table[f"accelerate_zero{stage}_resume"] = [
             accelerate_run(stage, "interrupted", "--stop_after_save"),
             accelerate_run(stage, "resumed", "--resume_from", "{out}/run/state_step5")]
+    return table
+
+
+# Frameworks that drive DeepSpeed themselves (issue 41), each its own DeepSpeed path unchanged
+FRAMEWORKS = "tests/scripts/frameworks"
+
+
+def fabric_run(stage: int, part: str, *extra: str) -> list[str]:
+    return [f"{FRAMEWORKS}/lightning_fabric.py", "--stage", str(stage), "--report", f"{{out}}/report-{part}.json", *extra]
+
+
+def lightning_trainer_run(stage: int, part: str, *extra: str) -> list[str]:
+    return [f"{FRAMEWORKS}/lightning_trainer.py", "--stage", str(stage), "--report", f"{{out}}/report-{part}.json",
+            *extra]
+
+
+def trl_run(trainer: str, stage: int) -> list[str]:
+    return [f"{FRAMEWORKS}/trl_train.py", "--trainer", trainer, "--deepspeed", f"{HF}/configs/zero{stage}.json",
+            "--output_dir", "{out}/run", "--report", "{out}/report-straight.json"]
+
+
+def framework_cases() -> dict[str, list[list[str]]]:
+    """Lightning's strategies exist for stages 1-3 (deepspeed_stage_N); DPO's reference model is an
+    engine without an optimizer (stage 0 beside a stage-2 run, stage 3 beside a stage-3 one)."""
+    table = {}
+    for stage in (1, 2, 3):
+        table[f"lightning_fabric_zero{stage}"] = [fabric_run(stage, "straight")]
+        table[f"lightning_trainer_zero{stage}"] = [lightning_trainer_run(stage, "straight", "--checkpoint", "{out}/ckpt")]
+    table["lightning_fabric_zero3_resume"] = [
+        fabric_run(3, "interrupted", "--save_at", "4", "--checkpoint", "{out}/ckpt", "--stop_after_save"),
+        fabric_run(3, "resumed", "--resume_from", "{out}/ckpt")]
+    table["lightning_trainer_zero2_resume"] = [
+        lightning_trainer_run(2, "interrupted", "--epochs", "2", "--checkpoint", "{out}/ckpt"),
+        lightning_trainer_run(2, "resumed", "--resume_from", "{out}/ckpt")]
+    for stage in range(4):
+        table[f"trl_sft_zero{stage}"] = [trl_run("sft", stage)]
+    for stage in (2, 3):
+        table[f"trl_dpo_zero{stage}"] = [trl_run("dpo", stage)]
     return table
 
 
@@ -84,13 +129,13 @@ def free_port() -> int:
 
 
 def versions(python: str) -> dict:
-    # transformers and accelerate only where installed: the engine-only cases (bf16_states) need neither
-    probe = ("import importlib, json, sys, deepspeed, torch\n"
-             "found = {'deepspeed': deepspeed.__version__, 'torch': torch.__version__}\n"
-             "for name in ('transformers', 'accelerate'):\n"
-             "    try:\n        found[name] = importlib.import_module(name).__version__\n"
-             "    except ImportError:\n        pass\n"
-             "print(json.dumps({**found, 'python': sys.version.split()[0]}))")
+    """The versions of DeepSpeed and of what drives it (transformers, accelerate, lightning, trl), where installed."""
+    probe = ("import importlib.util, json, sys, deepspeed, torch\n"
+             "found = {'deepspeed': deepspeed.__version__, 'torch': torch.__version__, 'python': sys.version.split()[0]}\n"
+             "for name in ('transformers', 'accelerate', 'lightning', 'trl'):\n"
+             "    if importlib.util.find_spec(name):\n"
+             "        found[name] = __import__(name).__version__\n"
+             "print(json.dumps(found))")
     done = subprocess.run([python, "-c", probe], env={**os.environ, **ENV}, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -238,9 +283,11 @@ def main() -> int:
 
 
 def summary(name: str, record: dict) -> str:
-    steps = record["runs"][-1]["report"]["steps"]
-    return (f"{name}: {len(steps)} steps logged, first loss {steps[0]['loss']:.6f} (step {steps[0]['step']}), "
-            f"last {steps[-1]['loss']:.6f} (step {steps[-1]['step']}), eval {record['runs'][-1]['report']['eval_loss']:.6f}")
+    report = record["runs"][-1]["report"]
+    steps = report["steps"]
+    line = (f"{name}: {len(steps)} steps logged, first loss {steps[0]['loss']:.6f} (step {steps[0]['step']}), "
+            f"last {steps[-1]['loss']:.6f} (step {steps[-1]['step']})")
+    return line + (f", eval {report['eval_loss']:.6f}" if "eval_loss" in report else "")
 
 
 if __name__ == "__main__":

@@ -46,6 +46,12 @@ _LAZY = {
     "GatheredParameters": ("launcher.zero.stages.stage3.init_context", "GatheredParameters"),
     "estimate_memory": ("launcher.zero.engine.estimate", "estimate_memory"),
     "get_accelerator": ("launcher.zero.distributed.accelerator", "get_accelerator"),
+    "DeepSpeedConfigError": ("launcher.zero.errors", "ConfigError"),   # except DeepSpeedConfigError catches ours
+    "OnDevice": ("launcher.zero.distributed.on_device", "OnDevice"),
+    "version": ("launcher.zero.shim.version_info", "version"),
+    "git_hash": ("launcher.zero.shim.version_info", "git_hash"),
+    "git_branch": ("launcher.zero.shim.version_info", "git_branch"),
+    "git_version_info": ("launcher.zero.git_version_info", None),
     # DeepSpeed names not built here: they import, and raise NotSupportedError where used
     **{name: ("launcher.zero.shim.stand_ins", name) for name in (
         "DeepSpeedConfig", "DeepSpeedTransformerConfig", "DeepSpeedTransformerLayer", "replace_transformer_layer",

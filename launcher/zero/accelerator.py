@@ -2,4 +2,6 @@
 
 Built in ``launcher/zero/distributed/accelerator.py``.
 """
-from launcher.zero.distributed.accelerator import Accelerator, get_accelerator, set_accelerator  # noqa: F401
+from launcher.zero.distributed.accelerator import (  # noqa: F401
+    Accelerator, get_accelerator, is_current_accelerator_supported, set_accelerator,
+)

@@ -57,6 +57,19 @@ class NotSupportedError(DslaunchError, ImportError):
     kind = "not supported"
 
 
+class NotBuiltConfigError(ConfigError, NotSupportedError):
+    """A DeepSpeed config key set to turn on a feature this engine does not build (config/not_built.py):
+    a config error (exit 2, one message for the job) naming the key and what to use instead."""
+
+
+class EngineUsageError(DslaunchError, AssertionError):
+    """A call DeepSpeed refuses with an ``assert`` (``engine.step()`` inside ``no_sync``, ``backward``
+    on an engine built without an optimizer): typed, with a hint, and an AssertionError too, so a
+    script's ``except`` written against DeepSpeed still catches it."""
+
+    kind = "usage error"   # "dslaunch: usage error: engine.step(): ..." from the rank (failure.py)
+
+
 class _NotBuiltMeta(type):
     """Reading a DeepSpeed class attribute of a stand-in (``X.register_with_transformers``) also says not supported."""
 

@@ -8,6 +8,7 @@ reference's (sharded parameters summed over the tensor group, replicated ones co
 Checkpoints: saved on tensor 2 x data 2 after 2 steps, resumed on tensor 2 x data 1 (accumulation 4,
 the same global batch) for steps 3-4, at each stage; ``dslaunch-zero-to-fp32`` joins the shards.
 """
+import json
 from pathlib import Path
 
 import torch
@@ -41,9 +42,12 @@ def test_checkpoint_on_tensor_2_x_data_2_resumes_on_tensor_2_x_data_1(tmp_path):
              for r in result.records()]
     assert all(r["global_steps"] == 2 and r["max_abs_error"] < 1e-5 for r in saved), saved
     names = sorted(p.name for p in (tmp_path / "ckpt" / "stage_1" / "global_step2").iterdir())
-    assert names == ["metadata.json", "model_00-model_states.pt", "model_00-rank_0_shard.pt",
+    assert names == ["digests.json", "metadata.json", "model_00-model_states.pt", "model_00-rank_0_shard.pt",
                      "model_00-rank_1_shard.pt", "model_01-metadata.json", "model_01-model_states.pt",
                      "model_01-rank_0_shard.pt", "model_01-rank_1_shard.pt"]   # one set per tensor rank
+    # the digest manifest covers every tensor rank's files, not only tensor rank 0's
+    manifest = json.loads((tmp_path / "ckpt" / "stage_1" / "global_step2" / "digests.json").read_text())
+    assert sorted(manifest["files"]) == [n for n in names if n != "digests.json"], manifest
     # save_16bit_model: DeepSpeed's file holds global rank 0's (tensor rank 0's) shards; tensor rank 1's beside it
     for stage in range(4):
         files = sorted(p.name for p in (tmp_path / "ckpt" / f"stage_{stage}" / "16bit").iterdir())

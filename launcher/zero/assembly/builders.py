@@ -6,12 +6,14 @@ import torch
 
 from launcher.zero.errors import ConfigError
 from launcher.zero.optim import build_optimizer
+from launcher.zero.optim.no_optimizer import no_optimizer
 from launcher.zero.sched import build_scheduler
 
 
 def client_optimizer(optimizer, params, cfg, process_group=None, offload: bool = False) -> torch.optim.Optimizer:
     """``optimizer`` (a torch optimizer, or a callable of the parameters), else the config's section
-    over ``params`` (``process_group``, ``offload``: what 1-bit Adam and CPU Adam take)."""
+    over ``params`` (``process_group``, ``offload``: what 1-bit Adam and CPU Adam take), else, with
+    neither, the placeholder of an engine for evaluation (DeepSpeed's DummyOptim, stages 0 and 3)."""
     if isinstance(optimizer, torch.optim.Optimizer):
         return optimizer
     if callable(optimizer):
@@ -23,8 +25,7 @@ def client_optimizer(optimizer, params, cfg, process_group=None, offload: bool =
     if optimizer is not None:
         raise ConfigError(f"optimizer: expected an optimizer or a callable, got {type(optimizer).__name__}", hint=None)
     if cfg.optimizer is None:
-        raise ConfigError("no optimizer: the config has no 'optimizer' section and none was passed",
-                          hint='add "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}} or pass optimizer=')
+        return no_optimizer(params, cfg.zero_stage)
     return build_optimizer(cfg.optimizer, params, process_group=process_group, offload=offload,
                            bf16_moments=bool(cfg.bf16.bf16_optimizer_states))
 

@@ -26,6 +26,7 @@ from launcher.zero.experts.param_groups import configure_moe_param_groups
 from launcher.zero.experts.wiring import check_param_groups, refuse_in_pipeline, set_up_experts
 from launcher.zero.failure import install_from_env
 from launcher.zero.optim import check_master_dtype_support, check_zero_support
+from launcher.zero.optim.no_optimizer import NoOptimizer
 from launcher.zero.parallel.topology import check_autotp_size
 from launcher.zero.pipeline.module import PipelineModule
 from launcher.zero.precision.loss_scaler import LossScaler, rules_from_config
@@ -70,6 +71,8 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     tensor_info = _tensor_parallel_info(mpu, model) if mpu is not None else None   # before stage 3 partitions
     experts = set_up_experts(model, dist_context, cfg, mpu)   # MoE: expert groups built and handed out
     params = list(model_parameters) if model_parameters is not None else list(model.parameters())
+    if optimizer is None and cfg.optimizer is None:   # for evaluation: DeepSpeed's DummyOptim holds every parameter
+        params = list(model.parameters())
     # full sizes: a model built under zero.Init is partitioned already (ds_numel), others are before stage 3 runs
     param_count = sum(int(getattr(p, "ds_numel", p.numel())) for p in model.parameters())
     optimizer, handles_comm = _client_optimizer(optimizer, params, experts, cfg, dist_context)
@@ -77,7 +80,8 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
                               reduce_gradients=not handles_comm, expert_data_contexts=experts.contexts)
     strategy = _strategy_class(cfg, mpu, model)(context)
     strategy.setup(model, optimizer)
-    scheduler = client_scheduler(lr_scheduler, optimizer, cfg)
+    # DeepSpeed: no optimizer, no scheduler (an evaluation engine)
+    scheduler = None if isinstance(optimizer, NoOptimizer) else client_scheduler(lr_scheduler, optimizer, cfg)
     scaler = LossScaler(rules_from_config(cfg.fp16, cfg.zero_stage)) if cfg.fp16.enabled else None
     monitor = _monitor(cfg, dist_context.rank)
     dataloader = _dataloader(training_data, cfg, dist_context, collate_fn)
@@ -98,8 +102,9 @@ def _client_optimizer(optimizer, params, experts, cfg, dist_context: DistContext
     optimizer = client_optimizer(optimizer, params, cfg, process_group=dist_context.group,
                                  offload=bool(cfg.zero_optimization.offload_optimizer_active))
     check_param_groups(experts, optimizer.param_groups)
-    check_zero_support(optimizer, cfg.zero_stage, cfg.zero_allow_untested_optimizer)
-    check_master_dtype_support(optimizer, cfg.bf16, bool(cfg.zero_optimization.offload_optimizer_active))
+    if not isinstance(optimizer, NoOptimizer):
+        check_zero_support(optimizer, cfg.zero_stage, cfg.zero_allow_untested_optimizer)
+        check_master_dtype_support(optimizer, cfg.bf16, bool(cfg.zero_optimization.offload_optimizer_active))
     handles_comm = bool(getattr(optimizer, "handles_gradient_communication", False))
     if handles_comm and cfg.zero_stage != 0:
         raise ConfigError(f"optimizer {type(optimizer).__name__} does its own gradient communication and needs "

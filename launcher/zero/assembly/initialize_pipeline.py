@@ -33,6 +33,7 @@ def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source,
     _check_supported(cfg)
     check_autotp_size(cfg.unsupported, max(1, topo.get_dim("model")))
     schedule = _schedule_name(cfg, module.num_virtual_stages)
+    _apply_checkpoint_keys(cfg.unsupported.get("pipeline") or {}, module)
     # validate eagerly: a bad schedule / micro-batch count is a ConfigError here, not a hang in train_batch
     build_schedule(schedule, cfg.gradient_accumulation_steps, module.num_stages, module.stage_id,
                    module.num_virtual_stages)
@@ -112,7 +113,23 @@ def _schedule_name(cfg, num_virtual_stages: int) -> str:
     if not isinstance(section, dict):
         raise ConfigError("pipeline: expected an object", hint='"pipeline": {"schedule": "1f1b"}')
     unknown = set(section) - {"schedule", "stages", "partition", "seed_layers", "activation_checkpoint_interval",
-                              "pipe_partitioned", "grad_partitioned"}
+                              "pipe_partitioned", "grad_partitioned", "use_reentrant"}
     if unknown:
         raise ConfigError(f"pipeline.{sorted(unknown)[0]}: unknown key", hint=f"pipeline.schedule is one of {SCHEDULES}")
     return str(section.get("schedule", "interleaved" if num_virtual_stages > 1 else "1f1b"))
+
+
+def _apply_checkpoint_keys(section: dict, module: PipelineModule) -> None:
+    """DeepSpeed's ``pipeline.activation_checkpoint_interval`` (above 0 it replaces the module's own) and
+    ``pipeline.use_reentrant`` (which checkpoint function recomputes: both give the same gradients,
+    and this engine's is always the non-reentrant one, so only its type is checked)."""
+    reentrant = section.get("use_reentrant")
+    if reentrant is not None and not isinstance(reentrant, bool):
+        raise ConfigError(f"pipeline.use_reentrant: expected true or false, got {reentrant!r}",
+                          hint='"use_reentrant": false')
+    interval = section.get("activation_checkpoint_interval", 0)
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 0:
+        raise ConfigError(f"pipeline.activation_checkpoint_interval: expected a whole number >= 0, got {interval!r}",
+                          hint='"activation_checkpoint_interval": 1 checkpoints every layer')
+    if interval > 0:
+        module.activation_checkpoint_interval = interval

@@ -12,6 +12,7 @@ from collections import OrderedDict
 from launcher.errors import DslaunchError
 from launcher.zero.checkpoint import digest
 from launcher.zero.checkpoint import format as fmt
+from launcher.zero.checkpoint.deepspeed_reader import DeepSpeedCheckpoint, is_deepspeed_checkpoint
 from launcher.zero.errors import CheckpointError
 
 
@@ -29,6 +30,8 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None, exclude_f
         checkpoint_dir, resolved = os.path.split(os.path.normpath(checkpoint_dir))
     if resolved is None:
         raise CheckpointError(f"no 'latest' file in {checkpoint_dir}", hint="pass --tag (the name of a checkpoint folder)")
+    if is_deepspeed_checkpoint(os.path.join(checkpoint_dir, resolved)):   # what DeepSpeed's zero_to_fp32 reads
+        return _deepspeed_state_dict(os.path.join(checkpoint_dir, resolved), exclude_frozen_parameters)
     path = fmt.tag_dir(checkpoint_dir, resolved)
     digest.check_tag(path)   # a damaged file is named, not consolidated into wrong weights
     metadata = fmt.read_metadata(path)
@@ -48,10 +51,14 @@ def get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag=None, exclude_f
 
 def _state_dict(path: str, metadata: dict, prefix: str, exclude_frozen_parameters: bool) -> OrderedDict:
     """One (tensor rank's) plain ZeRO checkpoint as a state dict: trainable parameters rebuilt in fp32."""
+    module_state = fmt.load_file(os.path.join(path, prefix + fmt.MODEL_STATES))["module"]
+    return _join(module_state, fmt.full_fp32_params(path, metadata, prefix), metadata, exclude_frozen_parameters)
+
+
+def _join(module_state: dict, trainable: dict, metadata: dict, exclude_frozen_parameters: bool) -> OrderedDict:
+    """The module's state dict with the trainable parameters replaced by their fp32 values."""
     import torch
 
-    module_state = fmt.load_file(os.path.join(path, prefix + fmt.MODEL_STATES))["module"]
-    trainable = fmt.full_fp32_params(path, metadata, prefix)
     shared = metadata.get("shared_params", {})
     frozen = set(metadata.get("frozen_params", []))
     state = OrderedDict()
@@ -67,6 +74,13 @@ def _state_dict(path: str, metadata: dict, prefix: str, exclude_frozen_parameter
     for key, value in trainable.items():
         state.setdefault(key, value)
     return state
+
+
+def _deepspeed_state_dict(path: str, exclude_frozen_parameters: bool) -> OrderedDict:
+    """A DeepSpeed 0.19.8 tag folder's state dict: trainable parameters in fp32, the rest as saved."""
+    source = DeepSpeedCheckpoint(path)
+    return _join(source.model_states()["module"], source.full_fp32_params(), source.metadata(),
+                 exclude_frozen_parameters)
 
 
 def convert_zero_checkpoint_to_fp32_state_dict(checkpoint_dir, output_file, tag=None, exclude_frozen_parameters: bool = False) -> str:
@@ -103,16 +117,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exclude_frozen_parameters", "--exclude-frozen-parameters", action="store_true",
                         help="leave out parameters that were not trained")
     args = parser.parse_args(argv)
+    return run_converter("dslaunch-zero-to-fp32", args.output_file, lambda: convert_zero_checkpoint_to_fp32_state_dict(
+        args.checkpoint_dir, args.output_file, args.tag, args.exclude_frozen_parameters))
+
+
+def run_converter(program: str, target: str, convert) -> int:
+    """A converter command's ending: ``convert()``'s path written, or its typed error (and hint) or an
+    unwritable ``target`` on stderr with the exit code."""
     try:
-        written = convert_zero_checkpoint_to_fp32_state_dict(args.checkpoint_dir, args.output_file, args.tag,
-                                                             args.exclude_frozen_parameters)
+        written = convert()
     except DslaunchError as error:
-        print(f"dslaunch-zero-to-fp32: {error.kind}: {error.message}", file=sys.stderr)
+        print(f"{program}: {error.kind}: {error.message}", file=sys.stderr)
         if error.hint:
             print(f"hint: {error.hint}", file=sys.stderr)
         return error.exit_code
     except OSError as error:
-        print(f"dslaunch-zero-to-fp32: error: cannot write {args.output_file}: {error.strerror}", file=sys.stderr)
+        print(f"{program}: error: cannot write {target}: {error.strerror}", file=sys.stderr)
         return 1
     print(f"wrote {written}")
     return 0

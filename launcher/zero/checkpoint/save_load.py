@@ -11,6 +11,7 @@ only the shards that overlap its own fragments (its own shard when nothing chang
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import random
@@ -22,6 +23,7 @@ import torch.distributed as dist
 
 from launcher.zero.checkpoint import digest
 from launcher.zero.checkpoint import format as fmt
+from launcher.zero.checkpoint.deepspeed_reader import is_deepspeed_checkpoint, read_deepspeed
 from launcher.zero.errors import CheckpointDamagedError, CheckpointError, CheckpointPathError
 from launcher.zero.experts.wiring import every_expert_entry, global_expert_name
 
@@ -225,7 +227,14 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
     if resolved is None:
         engine.monitor.warn(f"no 'latest' file in {load_dir}: nothing loaded (pass tag= to pick one)")
         return None, None
-    read = _read_intact(engine, load_dir, resolved, explicit=tag is not None)
+    if is_deepspeed_checkpoint(os.path.join(load_dir, resolved)):   # a DeepSpeed job switching over
+        path = os.path.join(load_dir, resolved)
+        _check_tensor_size(path, {}, engine.tensor_parallel.size)
+        fragments = _global_names(engine, engine.strategy.fragments())
+        metadata, states, shards = read_deepspeed(engine, path, fragments, functools.partial(_all_gather_object, engine))
+        read = _TagRead(path, "", metadata, states, fragments, shards, verified=True)
+    else:
+        read = _read_intact(engine, load_dir, resolved, explicit=tag is not None)
     _check_params(engine, read.metadata, load_module_strict)
     engine.strategy.load_module_state_dict(read.states["module"], strict=load_module_strict)
     with_optimizer = load_optimizer_states and not load_module_only
@@ -393,7 +402,8 @@ def _restore_training_state(engine, path, states, metadata, shards, load_optimiz
     loader = engine.training_dataloader
     if hasattr(loader, "resume") and states.get("data_position") is not None:
         loader.resume(states["data_position"])  # the engine's own loader continues the checkpointed pass
-    if metadata["world_size"] == engine.dist_context.world_size:  # RNG streams are per rank
+    # RNG streams are per rank (DeepSpeed saves none)
+    if metadata["world_size"] == engine.dist_context.world_size and "deepspeed" not in metadata:
         rank = engine.dist_context.rank
         own = shards.get(rank) or fmt.load_file(os.path.join(path, fmt.shard_name(rank, prefix)))
         _set_rng_state(own["rng"])

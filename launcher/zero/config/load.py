@@ -15,9 +15,10 @@ import os
 from typing import Any, Mapping
 
 from launcher.zero.config.schema import (
-    ACCEPTED_UNSUPPORTED, DEEPCOMPILE_DEFAULTS, NamedConfig, ZeroConfig,
+    ACCEPTED_UNSUPPORTED, DEEPCOMPILE_DEFAULTS, NamedConfig, ZeroConfig, ZeroOptimizationConfig,
 )
-from launcher.zero.errors import ConfigError, NotSupportedError
+from launcher.zero.config.not_built import refuse_not_built
+from launcher.zero.errors import ConfigError, NotBuiltConfigError
 
 __all__ = ["load_config", "resolve_batch", "ZeroConfig", "ConfigError"]
 
@@ -39,12 +40,12 @@ def load_config(source: Any, world_size: int | None = None, passed_to: str = "in
         try:
             config = build_config(raw)
         except ConfigError as error:
-            raise ConfigError(f"{describe_source(source, passed_to)}: {error.message}", hint=error.hint) from None
+            raise type(error)(f"{describe_source(source, passed_to)}: {error.message}", hint=error.hint) from None
     if world_size is not None:
         try:
             config = resolve_batch(config, world_size)
         except ConfigError as error:
-            raise ConfigError(f"{describe_source(source, passed_to)}: {error.message}", hint=error.hint) from None
+            raise type(error)(f"{describe_source(source, passed_to)}: {error.message}", hint=error.hint) from None
     return config
 
 
@@ -107,11 +108,25 @@ def build_config(raw: dict) -> ZeroConfig:
     zero = raw.get("zero_optimization")
     if isinstance(zero, Mapping) and zero.get("cpu_offload") is True and "offload_optimizer" not in zero:
         raw["zero_optimization"] = {**zero, "offload_optimizer": {"device": "cpu"}}
-    unsupported = {key: raw.pop(key) for key in list(raw) if key in ACCEPTED_UNSUPPORTED}
+    unsupported = {key: raw.pop(key) for key in list(raw) if key in ACCEPTED_UNSUPPORTED or _names_nested_key(key)}
     values = _build_section(ZeroConfig, raw, "")
     config = ZeroConfig(**values, unsupported=unsupported, raw=_jsonable(given))
     _check_semantics(config)
     return config
+
+
+def _names_nested_key(key: Any) -> bool:
+    """A top-level key spelling a nested one with dots (``"zero_optimization.reduce_bucket_size"``, as TRL's
+    ``prepare_deepspeed`` writes them). DeepSpeed reads no key so and ignores it; so does this engine, saying so."""
+    if not isinstance(key, str) or "." not in key:
+        return False
+    section: Any = ZeroConfig
+    for part in key.split("."):
+        fields = {f.name: f for f in dataclasses.fields(section)} if dataclasses.is_dataclass(section) else {}
+        if part not in fields:
+            return False
+        section = fields[part].metadata.get("section")
+    return True
 
 
 def _build_section(cls: type, raw: Any, prefix: str) -> dict:
@@ -168,6 +183,8 @@ def _convert(value: Any, meta: Mapping, key: str) -> Any:
             raise ConfigError(f"{key}: expected a mapping, got {_show(value)}", hint=None)
         value = dict(value)
     choices = meta.get("choices")
+    if choices is not None and meta.get("any_case") and isinstance(value, str):   # DeepSpeed upper-cases it
+        value = {str(choice).lower(): choice for choice in choices}.get(value.lower(), value)
     if choices is not None and value not in choices:
         raise ConfigError(f"{key}: {_show(value)} is not one of {', '.join(map(str, choices))}",
                           hint=f"set {key} to one of {', '.join(map(str, choices))}")
@@ -218,7 +235,10 @@ def _named(value: Any, key: str) -> NamedConfig:
 
 def no_effect_notes(config: ZeroConfig) -> list[str]:
     """One line for each setting that loads but changes nothing here, for the engine to print."""
-    notes = [f"config section '{name}' is accepted but has no effect in this engine" for name in config.unsupported]
+    notes = [f"config section '{name}' is accepted but has no effect in this engine" for name in config.unsupported
+             if "." not in name]
+    notes += [f"config key '{name}' is a top-level key with dots, not the nested key it spells: DeepSpeed reads no "
+              "key so and neither does this engine, so it has no effect" for name in config.unsupported if "." in name]
     notes += [f"config key '{key}' ({'set' if dataclasses.is_dataclass(value) else repr(value)}) is accepted "
               "but has no effect in this engine" for key, value in _set_without_effect(config, "")]
     for section in ("offload_optimizer", "offload_param"):
@@ -228,10 +248,6 @@ def no_effect_notes(config: ZeroConfig) -> list[str]:
             notes.append(f"zero_optimization.{section}.device 'nvme': NVMe offload is not built; the {what} are "
                          f"kept in host memory instead (nvme_path {offload.nvme_path} is not used), so size the "
                          "host's memory for them as for device 'cpu' (dslaunch estimate counts them so)")
-    offload = config.zero_optimization.offload_optimizer
-    if config.zero_optimization.offload_optimizer_active and offload.ratio < 1.0:
-        notes.append(f"zero_optimization.offload_optimizer.ratio {offload.ratio} (partial offload) has no effect "
-                     "in this engine: every optimizer state is offloaded, as with ratio 1.0")
     return notes
 
 
@@ -252,6 +268,12 @@ def _set_without_effect(section: Any, prefix: str) -> list[tuple[str, Any]]:
         if value != default:
             found.append((f"{prefix}{f.name}", value))
     return found
+
+
+def get_zero_config(param_dict: Mapping) -> ZeroOptimizationConfig:
+    """DeepSpeed's ``get_zero_config``: the checked ``zero_optimization`` section of a config dict
+    (``deepspeed.runtime.zero.config``; ``true`` there is stage 1, its legacy form)."""
+    return build_config({"zero_optimization": param_dict.get("zero_optimization", {})}).zero_optimization
 
 
 # ---- rules that involve more than one key ---------------------------------------------------
@@ -296,6 +318,7 @@ def _check_semantics(config: ZeroConfig) -> None:
                               hint="set fp16.loss_scale to 0")
     _check_compile(config)
     _check_bf16_states(config)
+    refuse_not_built(config)   # DeepSpeed keys whose features are not built here (config/not_built.py)
     for key in BATCH_KEYS:
         value = getattr(config, key)
         if value is not None and value != "auto" and (not isinstance(value, int) or value < 1):
@@ -334,9 +357,9 @@ def _check_compile(config: ZeroConfig) -> None:
     for key, default in DEEPCOMPILE_DEFAULTS.items():
         value = getattr(config.compile, key)
         if value != default:
-            raise NotSupportedError(f"compile.{key} {_show(value)}: DeepSpeed's DeepCompile is not built in dslaunch's "
-                                    "engine", hint=f'remove compile.{key}; "compile": {{"enabled": true}} or '
-                                    "engine.compile() compiles with torch.compile")
+            raise NotBuiltConfigError(f"compile.{key} {_show(value)}: DeepSpeed's DeepCompile is not built in dslaunch's "
+                                      "engine", hint=f'remove compile.{key}; "compile": {{"enabled": true}} or '
+                                      "engine.compile() compiles with torch.compile")
     if "backend" in config.compile.kwargs:
         raise ConfigError("compile.kwargs.backend: the backend has its own key",
                           hint='"compile": {"enabled": true, "backend": "inductor", "kwargs": {...}}')

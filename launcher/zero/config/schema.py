@@ -59,7 +59,11 @@ class OffloadConfig:
     device: str = spec("none", "str", "where the tensors live", choices=("none", "cpu", "nvme"))
     nvme_path: str | None = spec(None, "str", "folder for NVMe offload", nullable=True)
     pin_memory: bool = spec(True, "bool", "page-locked host buffers (True in 0.19.8)")
-    ratio: float = spec(1.0, "float", "fraction offloaded (< 1 only at stage 3)", min=0.0, max=1.0)
+    ratio: float = spec(1.0, "float", "fraction of the optimizer states offloaded (below 1 not built: issue 43 "
+                        "builds it)", min=0.0, max=1.0)
+    super_offload: bool = spec(False, "bool", "DeepSpeed's SuperOffload (not built: must be false; issue 43 builds it)")
+    cpuadam_cores_perc: float = spec(0.8, "float", "with super_offload only: the share of CPU cores its Adam uses",
+                                     min=0.0, max=1.0)
     buffer_count: int = spec(4, "int", "number of staging buffers", min=1)
     buffer_size: int = spec(100_000_000, "int", "elements per parameter buffer (offload_param)", min=1)
     max_in_cpu: int = spec(1_000_000_000, "int", "elements kept in CPU memory (offload_param)", min=0)
@@ -106,12 +110,16 @@ class ZeroOptimizationConfig:
     pipeline_loading_checkpoint: bool = spec(False, "bool", "accepted for compatibility")
     override_module_apply: bool = spec(True, "bool", "accepted for compatibility")
     log_trace_cache_warnings: bool = spec(False, "bool", "accepted for compatibility")
-    zero_hpz_partition_size: int = spec(1, "int", "ZeRO++ hpZ (not implemented: must be 1)", min=1)
-    zero_quantized_weights: bool = spec(False, "bool", "ZeRO++ qwZ (not implemented)")
-    zero_quantized_nontrainable_weights: bool = spec(False, "bool", "ZeRO++ (not implemented)")
-    zero_quantized_gradients: bool = spec(False, "bool", "ZeRO++ qgZ (not implemented)")
-    mics_shard_size: int = spec(-1, "int", "MiCS (not implemented)")
-    mics_hierarchical_params_gather: bool = spec(False, "bool", "MiCS (not implemented)")
+    zero_hpz_partition_size: int = spec(1, "int", "ZeRO++ hpZ (not built: must be 1)", min=1)
+    zero_quantized_weights: bool = spec(False, "bool", "ZeRO++ qwZ (not built: must be false)")
+    zero_quantized_nontrainable_weights: bool = spec(False, "bool", "ZeRO++ quantized frozen weights (not built: "
+                                                     "must be false)")
+    zero_quantized_gradients: bool = spec(False, "bool", "ZeRO++ qgZ (not built: must be false)")
+    mics_shard_size: int = spec(-1, "int", "MiCS (not built, and removed from DeepSpeed 0.19: must be -1)")
+    mics_hierarchical_params_gather: bool = spec(False, "bool", "MiCS (not built, and removed from DeepSpeed 0.19: "
+                                                 "must be false)")
+    zenflow: dict | None = spec(None, "dict", "DeepSpeed's ZenFlow (not built: must be null; issue 43 builds it)",
+                                nullable=True)
     cpu_offload: bool | None = spec(None, "bool", "legacy: true means offload_optimizer.device=cpu", nullable=True)
     cpu_offload_params: bool | None = spec(None, "bool", "legacy: offload_param.device=cpu", nullable=True, aliases=("cpu_offload_param",))
     cpu_offload_use_pin_memory: bool | None = spec(None, "bool", "legacy pin_memory", nullable=True)
@@ -216,10 +224,23 @@ class DataTypesConfig:
 class CheckpointConfig:
     """`checkpoint`: tag validation and universal-checkpoint flags."""
 
-    tag_validation: str = spec("Warn", "str", "Warn, Ignore or Fail when tags differ across ranks", choices=("Warn", "Ignore", "Fail", "warn", "ignore", "fail"))
+    tag_validation: str = spec("Warn", "str", "Warn, Ignore or Fail when tags differ across ranks (any case)",
+                               choices=("Warn", "Ignore", "Fail"), any_case=True)
     load_universal: bool = spec(False, "bool", "accepted: our checkpoints reshard directly")
     use_node_local_storage: bool = spec(False, "bool", "accepted for compatibility")
     parallel_write: dict = spec(None, "dict", "accepted for compatibility", factory=dict)
+
+
+@dataclass(frozen=True)
+class TorchAutocastConfig:
+    """`torch_autocast`: DeepSpeed's torch.autocast mode, not built here (``enabled`` must be false)."""
+
+    enabled: bool = spec(False, "bool", "DeepSpeed's torch.autocast mode (not built: must be false)")
+    dtype: str | None = spec(None, "str", "the autocast dtype", nullable=True,
+                             choices=("torch.float16", "fp16", "float16", "half", "torch.float32", "fp32", "float32",
+                                      "float", "torch.bfloat16", "bf16", "bfloat16"))
+    lower_precision_safe_modules: Any = spec(None, "any", "module classes whose gradients are reduced in 16 bits",
+                                             nullable=True)
 
 
 #: DeepSpeed 0.19.8's ``compile`` keys (DeepCompile's passes and options) with their defaults:
@@ -305,6 +326,9 @@ class ZeroConfig:
     checkpoint: CheckpointConfig = spec(None, "section", "checkpoint options", section=CheckpointConfig, factory=CheckpointConfig)
     sparse_attention: dict | None = spec(None, "dict", "read by launcher.zero.sparse_attention", nullable=True)
     compile: CompileConfig = spec(None, "section", "torch.compile by the engine", section=CompileConfig, factory=CompileConfig)
+    torch_autocast: TorchAutocastConfig = spec(None, "section", "DeepSpeed's torch.autocast mode (not built)",
+                                               section=TorchAutocastConfig, factory=TorchAutocastConfig)
+    sequence_parallel_size: int = spec(1, "int", "DeepSpeed-Ulysses sequence parallelism (not built: must be 1)", min=1)
     #: DeepSpeed top-level sections we accept unchanged but do not act on (name -> raw value).
     unsupported: dict = field(default_factory=dict, compare=False, metadata={"kind": "internal"})
     #: the config as given, for checkpoints (ds_config)
@@ -325,6 +349,6 @@ ACCEPTED_UNSUPPORTED = (
     "amp", "elasticity", "autotuning", "compression_training", "data_efficiency",
     "curriculum_learning", "pipeline", "progressive_layer_drop", "pld", "eigenvalue", "quantize_training",
     "aio", "nebula", "comms_logger", "timers", "weight_quantization", "hybrid_engine", "tensor_parallel",
-    "torch_autocast", "seq_parallel_communication_data_type", "sequence_parallel_size",
+    "seq_parallel_communication_data_type",
     "use_data_before_expert_parallelism", "graph_harvesting", "monitor_config", "zero_legacy_stage1",
 )

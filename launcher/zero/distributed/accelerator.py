@@ -167,3 +167,12 @@ def get_accelerator() -> Accelerator:
 def set_accelerator(accelerator: Accelerator) -> None:
     global _ACCELERATOR
     _ACCELERATOR = accelerator
+
+
+#: the devices DeepSpeed 0.19.8 has accelerators for (accelerator/real_accelerator.py)
+SUPPORTED_ACCELERATOR_LIST = ["cuda", "cpu", "xpu", "npu", "mps", "hpu", "mlu", "sdaa", "supa", "klxpu"]
+
+
+def is_current_accelerator_supported() -> bool:
+    """DeepSpeed's check that the accelerator in use is one it supports: CUDA or the CPU here, always."""
+    return get_accelerator().device_name() in SUPPORTED_ACCELERATOR_LIST

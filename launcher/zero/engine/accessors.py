@@ -29,10 +29,12 @@ class ConfigAccessors:
         return self.zero_config.zero_stage
 
     def get_lr(self) -> list[float]:
-        return [float(group["lr"]) for group in self.optimizer.param_groups]
+        groups = self.optimizer.param_groups if self.optimizer is not None else []   # None: an evaluation engine
+        return [float(group["lr"]) for group in groups]
 
     def get_mom(self) -> list:
-        return [group.get("betas", group.get("momentum")) for group in self.optimizer.param_groups]
+        groups = self.optimizer.param_groups if self.optimizer is not None else []
+        return [group.get("betas", group.get("momentum")) for group in groups]
 
     def get_loss_scale(self) -> float:
         """The loss scale in use now (1.0 without fp16)."""

@@ -27,6 +27,7 @@ from launcher.zero.engine.accessors import EngineAccessors
 from launcher.zero.engine.accumulation import Accumulation
 from launcher.zero.engine.compiling import compile_engine
 from launcher.zero.data.loader import ROUTES, build_dataloader
+from launcher.zero.engine import fragment_access
 from launcher.zero.engine.estimate import out_of_memory_note
 from launcher.zero.engine.monitor import Monitor
 from launcher.zero.engine.plain_backward import BackwardHooks
@@ -35,7 +36,7 @@ from launcher.zero.engine.watch import StepWatch
 from launcher.zero.engine.optimizer_step import (StepCounters, StepOutcome, StepRules, norm_stays_on_device,
                                                  take_model_step, update_parameters)
 from launcher.zero.engine.zero_optimizer import EngineOptimizer, UpdateRecord, handed_out_optimizer, second_step
-from launcher.zero.errors import ConfigError, NotSupportedError
+from launcher.zero.errors import ConfigError, EngineUsageError, NotSupportedError
 from launcher.zero.experts.wiring import ExpertSetup
 from launcher.zero.precision.loss_scaler import LossScaler
 from launcher.zero.precision.policy import PrecisionPolicy, skips_non_finite
@@ -104,14 +105,17 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         self.accumulation = Accumulation(self.zero_config.gradient_accumulation_steps,
                                          self.zero_config.managed_gradient_accumulation)
         self._step_applied = False
+        self._inside_no_sync = False   # engine.no_sync()
         self._global_grad_norm: float | DeviceNorm | None = None
         self._update = UpdateRecord()
-        self.optimizer: EngineOptimizer = handed_out_optimizer(self, self._update)
+        # None for an engine built without an optimizer at stage 0 in fp32/fp16, as DeepSpeed's
+        self.optimizer: EngineOptimizer | None = handed_out_optimizer(self, self._update)
         sync = torch.cuda.synchronize if self.dist_context.device.type == "cuda" else None
         self.progress = Progress(self.zero_config, self.monitor, getattr(self.lr_scheduler, "total_num_steps", None), sync,
                                  self.watch)
         self._backward_hooks = BackwardHooks(self.strategy.stage, self._loss_factor,
                                              self._backward_prologue, self.strategy.post_backward)
+        fragment_access.register(self)   # deepspeed.utils.safe_get_full_fp32_param(param) finds the engine
 
     @property
     def config(self) -> dict:
@@ -119,6 +123,21 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         return self.zero_config.raw
 
     # ---- module pass-throughs -------------------------------------------------------------
+    def __getattr__(self, name: str):
+        """DeepSpeedEngine's: a name the engine does not have is looked up on the wrapped model
+        (``engine.generate(...)``, ``engine.config_class``); neither has it: AttributeError."""
+        try:
+            return torch.nn.Module.__getattr__(self, name)   # parameters, buffers, submodules
+        except AttributeError:
+            pass
+        module = self.__dict__.get("_modules", {}).get("module")
+        if module is not None:
+            try:
+                return getattr(module, name)
+            except AttributeError:
+                pass
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
     def train(self, mode: bool = True):
         self.module.train(mode)
         return self
@@ -173,6 +192,7 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
         """Backpropagate ``loss / gradient_accumulation_steps`` (times the fp16 loss scale)."""
+        self._refuse_without_optimizer("engine.backward")
         with self._explain_out_of_memory():
             return self._backward(loss, retain_graph, scale_wrt_gas)
 
@@ -198,6 +218,14 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         self.progress.timers.stop("backward")
         return loss
 
+    def _refuse_without_optimizer(self, call: str) -> None:
+        """DeepSpeed asserts 'must provide optimizer during init in order to use backward' (and step)."""
+        if self.optimizer is None:
+            raise EngineUsageError(f"{call}: this engine was built without an optimizer (initialize got none and "
+                                   "the config has no 'optimizer' section), so it only evaluates",
+                                   hint='to train it, pass optimizer= to initialize or add "optimizer": {"type": '
+                                        '"AdamW", "params": {"lr": 1e-3}} to the config')
+
     def _loss_factor(self) -> float:
         """What engine.backward multiplies the loss by: 1 / GAS, times the fp16 loss scale."""
         factor = 1.0 / self.gradient_accumulation_steps()
@@ -205,13 +233,17 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
 
     def _backward_prologue(self) -> bool:
         """The strategy's pre_backward for this micro-step (from engine.backward or a plain backward)."""
-        boundary = self.is_gradient_accumulation_boundary()
+        boundary = self.is_gradient_accumulation_boundary() and not self._inside_no_sync   # no_sync: no reduction
         self._update.stepped_by_optimizer = False   # new gradients: optimizer.step() may apply them
         self.strategy.pre_backward(boundary)
         return boundary
 
     def step(self, lr_kwargs: dict | None = None) -> None:
         """On an accumulation boundary: update (or skip on non-finite gradients), step the scheduler."""
+        self._refuse_without_optimizer("engine.step()")
+        if self._inside_no_sync:
+            raise EngineUsageError("It is illegal to call engine.step() inside no_sync context manager",
+                                   hint="call engine.step() after the with-block, following a backward outside it")
         self._step_applied = False
         rank_progress.reached(self.global_steps)
         if self.is_gradient_accumulation_boundary():
@@ -374,11 +406,23 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
                                 data_sampler=data_sampler, route=route, num_workers=num_local_io_workers,
                                 pin_memory=pin_memory)
 
+    @contextlib.contextmanager
     def no_sync(self):
-        """Not supported: let the engine accumulate (``gradient_accumulation_steps``) instead."""
-        raise NotSupportedError("engine.no_sync() is not supported by dslaunch's engine",
-                                hint="set gradient_accumulation_steps in the config and call engine.step() "
-                                     "every micro-step; the engine reduces gradients only where it must")
+        """DeepSpeed's: inside, a backward keeps its gradients on this rank (no reduction); the first
+        backward on a boundary after it reduces them with its own. Stages 0-1 only (stages 2-3 reduce
+        as they go, and DeepSpeed refuses them too); no ``step()`` inside, no nesting."""
+        if self.zero_config.zero_stage >= 2:
+            raise EngineUsageError("no_sync context manager is incompatible with gradient partitioning logic of "
+                                   f"ZeRO stage {self.zero_config.zero_stage}",
+                                   hint="at stages 2-3 let the engine accumulate: gradient_accumulation_steps in the "
+                                        "config, engine.step() after every backward")
+        if self._inside_no_sync:
+            raise EngineUsageError("no_sync context manager reentry is unsupported", hint="leave the outer block first")
+        self._inside_no_sync = True
+        try:
+            yield
+        finally:
+            self._inside_no_sync = False
 
     def destroy(self) -> None:
         """Remove the engine's hooks from the module; the engine must not be used afterwards."""

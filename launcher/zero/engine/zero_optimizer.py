@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from launcher.zero.errors import OptimizerStepError
+from launcher.zero.errors import NotSupportedError, OptimizerStepError
+from launcher.zero.optim.no_optimizer import NoOptimizer
 
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.zero.engine.zero_engine import ZeroEngine
@@ -123,6 +124,27 @@ class EngineOptimizer:
 class ZeroOptimizer(EngineOptimizer, ZeROOptimizer):
     """ZeRO stages 1-3: DeepSpeed's DeepSpeedZeroOptimizer / DeepSpeedZeroOptimizer_Stage3."""
 
+    def __getattr__(self, name: str):
+        """DeepSpeed stage 3's hook machinery, which TRL's ``unwrap_model_for_generation`` takes apart
+        around generation (``remove_hooks``/``add_hooks``), is not this engine's: say so by name."""
+        if name in STAGE3_HOOK_INTERNALS and self.engine.zero_config.zero_stage == 3:
+            raise NotSupportedError(f"optimizer.{name}: DeepSpeed ZeRO-3's parameter-offload hooks and coordinator "
+                                    "are internals this engine does not have (TRL reaches them to generate with the "
+                                    "model gathered whole)",
+                                    hint="generate with the model partitioned: TRL's ds3_gather_for_generation=False")
+        if name in ("offload_states", "reload_states"):
+            raise NotSupportedError(f"optimizer.{name}: moving the optimizer's states to the host between steps and "
+                                    "back (DeepSpeed 0.19's offload_states/reload_states, as RLHF frameworks call "
+                                    "around generation) is not built in this engine",
+                                    hint='keep the states on the device, or set "offload_optimizer": {"device": '
+                                         '"cpu"} to keep them on the host throughout')
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+
+#: what TRL's remove_hooks/add_hooks read off DeepSpeed's stage-3 optimizer (trl.models.utils)
+STAGE3_HOOK_INTERNALS = ("parameter_offload", "param_coordinator", "forward_hooks", "backward_hooks",
+                         "_register_deepspeed_module")
+
 
 class MixedPrecisionOptimizer(EngineOptimizer, DeepSpeedOptimizer):
     """Stage 0 with fp16 or bf16 weights: DeepSpeed's FP16_Optimizer (not a ZeROOptimizer)."""
@@ -147,8 +169,12 @@ class ClientStep(EngineOptimizer):
         return getattr(self.optimizer, name)
 
 
-def handed_out_optimizer(engine: "ZeroEngine", record: UpdateRecord) -> EngineOptimizer:
-    """The optimizer object ``initialize`` returns for this engine (DeepSpeed's choice of wrapper)."""
+def handed_out_optimizer(engine: "ZeroEngine", record: UpdateRecord) -> EngineOptimizer | None:
+    """The optimizer object ``initialize`` returns for this engine (DeepSpeed's choice of wrapper);
+    None for an engine built without an optimizer at stage 0 in fp32 or fp16, as DeepSpeed's."""
+    if isinstance(engine.basic_optimizer, NoOptimizer) and engine.zero_config.zero_stage == 0 \
+            and not engine.zero_config.bf16.enabled:
+        return None
     if engine.zero_config.zero_stage > 0:
         return ZeroOptimizer(engine, record)
     if engine.precision.param_dtype != torch.float32:

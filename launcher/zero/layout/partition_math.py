@@ -124,3 +124,16 @@ def plan_buckets(layout: FlatLayout, bucket_numel: int) -> list[Bucket]:
                                   end=layout.slots[last - 1].end))
             last = index
     return buckets
+
+
+def partition_uniform(num_items: int, num_parts: int) -> list[int]:
+    """DeepSpeed's ``partition_uniform``: ``num_parts + 1`` boundaries, part p covering
+    ``[parts[p], parts[p + 1])``, equal counts with the first ``num_items % num_parts`` parts one
+    larger (a pipeline's layers per stage; TiledLinear's features per tile)."""
+    if num_items <= num_parts:
+        return [min(p, num_items) for p in range(num_parts + 1)]
+    base, extra = divmod(num_items, num_parts)
+    parts = [0]
+    for p in range(num_parts):
+        parts.append(parts[-1] + base + (1 if p < extra else 0))
+    return parts

@@ -205,9 +205,12 @@ class PipelineEngine(ConfigAccessors, RankAccessors, StepCounterAccessors):
                 inputs.requires_grad_()
         outputs = self.module(inputs, chunk=chunk) if self.num_chunks > 1 else self.module(inputs)
         if self._is_last(chunk):
-            loss = self.module.loss_fn(outputs, _to(batch[1], self.device))
-            state["losses"].append(loss.detach().float())
-            outputs = loss
+            # DeepSpeed's: without a loss_fn (or in an eval without compute_loss) the output is the value
+            # kept, a loss when the model computes its own in its last layer
+            state["logits"] = outputs.detach()
+            if state["compute_loss"] and self.module.loss_fn is not None:
+                outputs = self.module.loss_fn(outputs, _to(batch[1], self.device))
+            state["losses"].append(outputs.detach().float())
         else:
             self._link.send(outputs, self._neighbour(chunk, +1), self._channels[FORWARD])
         state["inputs"][chunk, micro], state["outputs"][chunk, micro] = inputs, outputs
@@ -223,9 +226,11 @@ class PipelineEngine(ConfigAccessors, RankAccessors, StepCounterAccessors):
             grad = inputs.grad if inputs.grad is not None else torch.zeros_like(inputs)
             self._link.send(grad, self._neighbour(chunk, -1), self._channels[BACKWARD])
 
-    def _run_schedule(self, batches: list[Any], train: bool) -> list[torch.Tensor]:
-        """Execute this stage's actions; ``schedule_timing`` keeps the wall time and the time spent waiting."""
-        state = {"inputs": {}, "outputs": {}, "losses": []}
+    def _run_schedule(self, batches: list[Any], train: bool, compute_loss: bool = True) -> dict:
+        """Execute this stage's actions; ``schedule_timing`` keeps the wall time and the time spent waiting.
+        The state returned holds, on the last stage, each micro-batch's loss (``losses``) and the
+        last micro-batch's outputs (``logits``)."""
+        state = {"inputs": {}, "outputs": {}, "losses": [], "logits": None, "compute_loss": compute_loss}
         started, self._link.recv_wait_s = time.perf_counter(), 0.0
         actions = build_schedule(self.schedule_name, self.micro_batches, self.num_stages, self.stage_id,
                                  self.num_chunks)
@@ -240,7 +245,7 @@ class PipelineEngine(ConfigAccessors, RankAccessors, StepCounterAccessors):
                     self._backward(micro, chunk, state)
         self._link.wait_sends()
         self.schedule_timing = {"wall_s": time.perf_counter() - started, "recv_wait_s": self._link.recv_wait_s}
-        return state["losses"]
+        return state
 
     def _mean_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
         """The batch's mean loss, averaged over the data axis, on every stage (broadcast from the last)."""
@@ -253,31 +258,64 @@ class PipelineEngine(ConfigAccessors, RankAccessors, StepCounterAccessors):
         return loss
 
     def train_batch(self, data_iter: Iterator | None = None) -> torch.Tensor:
-        """Run ``gradient_accumulation_steps`` micro-batches and one optimizer step; return the mean loss."""
-        if self.module.loss_fn is None and self.is_last_stage():
-            raise ConfigError("train_batch: the PipelineModule has no loss_fn", hint="PipelineModule(..., loss_fn=...)")
+        """Run ``gradient_accumulation_steps`` micro-batches and one optimizer step; return the mean loss.
+        Without a ``loss_fn`` the last stage's output is the loss (DeepSpeed's rule)."""
         self.module.train()
         rank_progress.reached(self.global_steps)   # --stall_timeout counts batches and steps, not a stage's
-        losses = self._run_schedule(self._next_batches(data_iter), train=True)   # actions (stages differ)
+        losses = self._run_schedule(self._next_batches(data_iter), train=True)["losses"]   # actions (stages differ)
         rank_progress.reached(self.global_steps)
         self._step()
         return self._mean_loss(losses)
 
     def eval_batch(self, data_iter: Iterator, return_logits: bool = False, compute_loss: bool = True,
-                   reduce_output: str = "avg", num_micro_batches: int | None = None) -> torch.Tensor:
-        """Forward ``num_micro_batches`` (default: gradient_accumulation_steps) without gradients; mean loss."""
-        if return_logits or not compute_loss or reduce_output != "avg":
-            raise ConfigError("eval_batch: only the averaged loss is returned by this engine",
-                              hint="eval_batch(data_iter) with the defaults")
+                   reduce_output: str | None = "avg", bcast_loss: bool = True, num_micro_batches: int | None = None):
+        """DeepSpeed's: forward ``num_micro_batches`` (default: gradient_accumulation_steps) without gradients.
+
+        The last stage keeps ``loss_fn(outputs, labels)`` of each micro-batch, or the outputs themselves
+        (no ``loss_fn``, or ``compute_loss=False``); ``reduce_output="avg"`` averages them over the
+        micro-batches and the data ranks, ``None`` returns the list. With ``compute_loss`` and
+        ``bcast_loss`` every stage gets that result (float32), else the other stages get None.
+        ``return_logits``: ``(result, the last micro-batch's outputs)``, None off the last stage."""
+        if reduce_output not in ("avg", None):
+            raise ConfigError(f"eval_batch: reduce_output {reduce_output!r} is not supported",
+                              hint='reduce_output="avg" (the mean) or None (each micro-batch\'s value)')
         self.module.eval()
         rank_progress.reached(self.global_steps)
         count = num_micro_batches or self.micro_batches
         saved, self.micro_batches = self.micro_batches, count
         try:
-            losses = self._run_schedule(self._next_batches(data_iter), train=False)
+            state = self._run_schedule(self._next_batches(data_iter), train=False, compute_loss=compute_loss)
         finally:
             self.micro_batches = saved
-        return self._mean_loss(losses)
+        result = None
+        if self.is_last_stage():
+            result = state["losses"] if reduce_output is None else self._data_mean(torch.stack(state["losses"]).mean(0))
+        if compute_loss and bcast_loss:
+            result = ([self._from_last_stage(v) for v in (result or [None] * count)] if reduce_output is None
+                      else self._from_last_stage(result))
+        return (result, state["logits"]) if return_logits else result
+
+    def _data_mean(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` averaged over the data-parallel ranks (the last stage's)."""
+        if self.grid.data_parallel_size > 1:
+            dist.all_reduce(value, group=self.grid.get_data_parallel_group())
+            value /= self.grid.data_parallel_size
+        return value
+
+    def _from_last_stage(self, value: torch.Tensor | None) -> torch.Tensor:
+        """The last stage's ``value`` on every stage of this pipeline, as float32 (its shape sent first:
+        outputs of any shape, not only a loss)."""
+        if self.num_stages == 1:
+            return value.float()
+        source, group, last = self._peer(self.num_stages - 1), self.grid.get_pipe_parallel_group(), value is not None
+        ndim = torch.tensor([value.dim() if last else 0], device=self.device)
+        dist.broadcast(ndim, src=source, group=group)
+        shape = torch.tensor(list(value.shape) if last else [0] * int(ndim), dtype=torch.long, device=self.device)
+        if int(ndim):
+            dist.broadcast(shape, src=source, group=group)
+        data = value.float().contiguous() if last else torch.empty(shape.tolist(), device=self.device)
+        dist.broadcast(data, src=source, group=group)
+        return data
 
     # ---- the step: the data-parallel engine's own (engine/optimizer_step.py) ----------------
     def _holders(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:

@@ -8,17 +8,7 @@ from __future__ import annotations
 import re
 
 from launcher.zero.errors import ConfigError
-
-
-def partition_uniform(num_items: int, num_parts: int) -> list[int]:
-    """Equal layer counts; the first ``num_items % num_parts`` stages get one layer more."""
-    if num_items <= num_parts:
-        return [min(p, num_items) for p in range(num_parts + 1)]
-    base, extra = divmod(num_items, num_parts)
-    parts = [0]
-    for p in range(num_parts):
-        parts.append(parts[-1] + base + (1 if p < extra else 0))
-    return parts
+from launcher.zero.layout.partition_math import partition_uniform
 
 
 def partition_balanced(weights: list[float], num_parts: int) -> list[int]:

@@ -1,7 +1,11 @@
-"""``deepspeed.runtime.config``: DeepSpeed 0.19.8's optimizer-name constants (``LAMB_OPTIMIZER``, ...).
+"""``deepspeed.runtime.config``: DeepSpeed 0.19.8's optimizer-name constants (``LAMB_OPTIMIZER``, ...)
+and ``DeepSpeedConfigError`` (this engine's ConfigError: ``except DeepSpeedConfigError`` catches its
+config errors, and a script may raise it).
 
 These are names a config may carry; which of them this engine builds is in docs/reference (optimizers).
 """
+from launcher.zero.errors import ConfigError as DeepSpeedConfigError  # noqa: F401
+
 ADAGRAD_OPTIMIZER = "adagrad"
 ADAM_OPTIMIZER = "adam"
 ADAMW_OPTIMIZER = "adamw"

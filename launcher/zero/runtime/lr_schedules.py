@@ -1,8 +1,13 @@
-"""``deepspeed.runtime.lr_schedules``: DeepSpeed's schedulers under their DeepSpeed names."""
+"""``deepspeed.runtime.lr_schedules``: DeepSpeed's schedulers under their DeepSpeed names, and its
+config-key constants (``WARMUP_MIN_LR``, ``VALID_LR_SCHEDULES``, ...)."""
+from launcher.zero.sched.config_keys import (  # noqa: F401
+    COS_MIN_RATIO, CYCLE_FIRST_STAIR_COUNT, CYCLE_FIRST_STEP_SIZE, CYCLE_MAX_LR, CYCLE_MAX_MOM, CYCLE_MIN_LR,
+    CYCLE_MIN_MOM, CYCLE_SECOND_STAIR_COUNT, CYCLE_SECOND_STEP_SIZE, DECAY_LR_RATE, DECAY_MOM_RATE, DECAY_STEP_SIZE,
+    EDGE_VALUE, LR_RANGE_TEST, LR_RANGE_TEST_MIN_LR, LR_RANGE_TEST_STAIRCASE, LR_RANGE_TEST_STEP_RATE,
+    LR_RANGE_TEST_STEP_SIZE, LR_SCHEDULE, MID_VALUE, ONE_CYCLE, TOTAL_NUM_STEPS, VALID_LR_SCHEDULES, WARMUP_COSINE_LR,
+    WARMUP_DECAY_LR, WARMUP_LINEAR_RATE, WARMUP_LOG_RATE, WARMUP_LR, WARMUP_MAX_LR, WARMUP_MIN_LR, WARMUP_MIN_RATIO,
+    WARMUP_NUM_STEPS, WARMUP_TYPE,
+)
 from launcher.zero.sched.schedulers import (  # noqa: F401
     LRRangeTest, OneCycle, WarmupCosineLR, WarmupDecayLR, WarmupLR,
 )
-
-LR_RANGE_TEST, ONE_CYCLE, WARMUP_LR, WARMUP_DECAY_LR, WARMUP_COSINE_LR = (
-    "LRRangeTest", "OneCycle", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
-VALID_LR_SCHEDULES = [LR_RANGE_TEST, ONE_CYCLE, WARMUP_LR, WARMUP_DECAY_LR, WARMUP_COSINE_LR]

@@ -11,8 +11,8 @@ from launcher.zero.errors import not_built
 
 _KERNELS = "DeepSpeed's fused transformer kernels and kernel injection"
 _INFERENCE = "DeepSpeed inference (init_inference)"
-_FRAGMENTS = "reading or writing one parameter's full fp32 master, gradient or optimizer state (DeepSpeed's tensor-fragment API)"
-_FRAGMENT_HINT = "engine.module_state_dict() gives the whole model; zero.GatheredParameters shows a stage-3 parameter whole"
+_FRAGMENTS = ("reading or writing one parameter's gradient (DeepSpeed's tensor-fragment API; the fp32 master and "
+              "optimizer-state functions of the family are built)")
 
 DeepSpeedConfig = not_built("deepspeed.DeepSpeedConfig", "DeepSpeed's config object",
                             hint="zero.load_config(path_or_dict) reads and checks a DeepSpeed config")
@@ -23,14 +23,20 @@ init_inference = not_built("deepspeed.init_inference", _INFERENCE)
 tp_model_init = not_built("deepspeed.tp_model_init", "DeepSpeed's automatic tensor parallelism (AutoTP)",
                           hint="pass mpu= to zero.initialize with your own tensor-parallel layers")
 
-safe_get_full_fp32_param = not_built("deepspeed.utils.safe_get_full_fp32_param", _FRAGMENTS, hint=_FRAGMENT_HINT)
+_FRAGMENT_HINT = ("engine.get_global_grad_norm() gives the step's gradient norm; for one parameter's gradient run "
+                  "this script with DeepSpeed itself")
 safe_get_full_grad = not_built("deepspeed.utils.safe_get_full_grad", _FRAGMENTS, hint=_FRAGMENT_HINT)
-safe_get_full_optimizer_state = not_built("deepspeed.utils.safe_get_full_optimizer_state", _FRAGMENTS, hint=_FRAGMENT_HINT)
-safe_set_full_fp32_param = not_built("deepspeed.utils.safe_set_full_fp32_param", _FRAGMENTS, hint=_FRAGMENT_HINT)
-set_z3_leaf_modules = not_built(
-    "deepspeed.utils.set_z3_leaf_modules", "ZeRO-3 leaf modules (gathering a module's parameters as one unit, for MoE)",
-    hint="without leaf modules, a stage-3 MoE whose experts do not all run on every rank would hang; "
-         "run it with DeepSpeed itself or at stage 2")
+safe_set_full_grad = not_built("deepspeed.utils.safe_set_full_grad", _FRAGMENTS, hint=_FRAGMENT_HINT)
+safe_get_local_grad = not_built("deepspeed.utils.safe_get_local_grad", _FRAGMENTS, hint=_FRAGMENT_HINT)
+safe_set_local_grad = not_built("deepspeed.utils.safe_set_local_grad", _FRAGMENTS, hint=_FRAGMENT_HINT)
+safe_update_full_grad_vectorized = not_built("deepspeed.utils.safe_update_full_grad_vectorized", _FRAGMENTS,
+                                             hint=_FRAGMENT_HINT)
+
+_LEAVES = "ZeRO-3 leaf modules (gathering a module's parameters as one unit, for MoE)"
+_LEAVES_HINT = ("without leaf modules, a stage-3 MoE whose experts do not all run on every rank would hang; "
+                "run it with DeepSpeed itself or at stage 2")
+set_z3_leaf_modules = not_built("deepspeed.utils.set_z3_leaf_modules", _LEAVES, hint=_LEAVES_HINT)
+unset_z3_leaf_modules = not_built("deepspeed.utils.unset_z3_leaf_modules", _LEAVES, hint=_LEAVES_HINT)
 
 _SEQUENCE = "DeepSpeed's Ulysses sequence-parallel groups (deepspeed.utils.groups._get_sequence_parallel_*)"
 _SEQUENCE_HINT = "leave sequence parallelism off (sp_size 1), or run this script with DeepSpeed itself"
@@ -38,3 +44,12 @@ _get_sequence_parallel_group = not_built("deepspeed.utils.groups._get_sequence_p
 _get_sequence_parallel_rank = not_built("deepspeed.utils.groups._get_sequence_parallel_rank", _SEQUENCE, hint=_SEQUENCE_HINT)
 _get_sequence_parallel_world_size = not_built("deepspeed.utils.groups._get_sequence_parallel_world_size", _SEQUENCE,
                                               hint=_SEQUENCE_HINT)
+
+_WRAPPERS = ("DeepSpeed's 16-bit optimizer wrappers (initialize returns this engine's ZeRO optimizer at every stage; "
+             "an isinstance check against this type is False)")
+_WRAPPERS_HINT = "build your torch optimizer (or name it in the config) and pass it to initialize"
+FP16_Optimizer = not_built("deepspeed.runtime.fp16.fused_optimizer.FP16_Optimizer", _WRAPPERS, hint=_WRAPPERS_HINT)
+FP16_UnfusedOptimizer = not_built("deepspeed.runtime.fp16.unfused_optimizer.FP16_UnfusedOptimizer", _WRAPPERS,
+                                  hint=_WRAPPERS_HINT)
+BF16_Optimizer = not_built("deepspeed.runtime.bf16_optimizer.BF16_Optimizer", _WRAPPERS, hint=_WRAPPERS_HINT)
+

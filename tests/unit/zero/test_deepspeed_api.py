@@ -150,13 +150,6 @@ def test_shim_makes_deepspeed_modules_ours_not_copies():
     assert done.stdout.strip() == "same", done.stderr
 
 
-def test_no_sync_says_not_supported():
-    engine, *_ = zero.initialize(model=torch.nn.Linear(2, 2), config={"train_micro_batch_size_per_gpu": 1,
-                                                                      "optimizer": {"type": "Adam"}})
-    with pytest.raises(NotSupportedError, match="no_sync"):
-        engine.no_sync()
-
-
 def test_engine_is_what_hugging_face_integrations_expect():
     """Issue 30: engine.config is the dict (Trainer.save_model calls .get on it), the engine an nn.Module
     with the model its one child (accelerate walks _modules), stage 3's 16-bit save names exist."""

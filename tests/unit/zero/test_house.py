@@ -20,7 +20,8 @@ from launcher.zero.shim.paths import DEEPSPEED_PATHS, NotBuilt
 REPO = Path(__file__).resolve().parents[3]
 ENGINE = REPO / "launcher" / "zero"
 # the DeepSpeed-shaped face: the root package and these modules/packages below it
-FACE = ("accelerator", "checkpointing", "comm", "moe", "ops", "pipe", "profiling", "runtime", "utils", "zero")
+FACE = ("accelerator", "checkpointing", "comm", "git_version_info", "moe", "ops", "pipe", "profiling", "runtime", "utils",
+        "zero")
 SHARED = ("errors", "shim")   # the error types every layer raises; the shim that maps deepspeed.X to the face
 NOT_BUILT_STUBS = ()          # a face whose names are stubs raising NotSupportedError until the feature exists
 THIN_IMPORTS = ("__future__", "importlib", "typing")

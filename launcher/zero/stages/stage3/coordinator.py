@@ -11,9 +11,12 @@ really frees the memory, and the unpack side gathers the parameter again right w
 backward of the op that used it runs. Releasing after backward is the strategy's gradient hook.
 
 Access: a module may read a parameter of a child it never calls (``nn.MultiheadAttention``
-uses ``out_proj.weight`` directly). Every module owning partitioned parameters gets a
-``_parameters`` dict that gathers a released parameter when it is read while a forward runs;
-the parameter then belongs to the innermost running module and is released after it.
+uses ``out_proj.weight`` directly), or return one of its parameters for its caller to use (a tied
+output layer handed the embedding's weight): a parameter among a module's outputs stays gathered
+and is released with the enclosing running module (DeepSpeed's automatic external parameters).
+Every module owning partitioned parameters gets a ``_parameters`` dict that gathers a released
+parameter when it is read while a forward runs; the parameter then belongs to the innermost running
+module and is released after it.
 """
 from __future__ import annotations
 
@@ -105,6 +108,22 @@ class _GatheringParams(dict):
     def clear(self):
         dict.clear(self)
         self.coordinator._parameters_changed()
+
+
+def _returned_params(output) -> dict[int, torch.nn.Parameter]:
+    """The partitioned parameters among a module's outputs, looked for where DeepSpeed looks: the
+    output itself, the items of a list or tuple, the values of a dict, an object's attributes."""
+    if output is None:
+        return {}
+    if torch.is_tensor(output):
+        items = (output,)
+    elif isinstance(output, (list, tuple)):
+        items = output
+    elif isinstance(output, dict):
+        items = output.values()
+    else:
+        items = vars(output).values() if hasattr(output, "__dict__") else ()
+    return {id(item): item for item in items if getattr(item, "ds_state", None) is not None}
 
 
 def _own_partitioned(module: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -311,13 +330,22 @@ class ParamCoordinator:
         self._frames.append([])
 
     def _after_module(self, module, args, output):
+        # a parameter the module returns is used by whoever called it (DeepSpeed's "external
+        # parameter"): gathered, it belongs to the enclosing running module now (or to the root)
+        handed_on = _returned_params(output)
+        if handed_on:
+            self.fetch(list(handed_on.values()))
         for p in self._frames.pop() if self._frames else ():
-            self.release(p)
+            if id(p) not in handed_on:
+                self.release(p)
+        if handed_on and self._frames:
+            self._frames[-1].extend(handed_on.values())
         position = self._running.pop() if self._running else -1
         if self.recorded and position in self._keep:
             return
         for p in self._own_params(module):
-            self.release(p)
+            if id(p) not in handed_on:
+                self.release(p)
 
     def _advance_to(self, module) -> None:
         """Find the module in the recorded order from the current position (a changed order just skips)."""

@@ -75,6 +75,15 @@ def is_partitioned(param: torch.Tensor) -> bool:
     return getattr(param, "ds_state", None) is not None
 
 
+def mark_persistent(param: torch.nn.Parameter) -> None:
+    """Label a parameter stage 3 keeps whole on every rank (under the persistence thresholds) as
+    DeepSpeed labels its persistent ones: ``ds_persist``, always ``AVAILABLE``, its full shape and size,
+    an id. Libraries test these on every parameter at ZeRO-3 (TRL reads ``ds_status`` before it gathers)."""
+    param.ds_persist, param.ds_status = True, AVAILABLE
+    param.ds_shape, param.ds_numel = param.shape, param.numel()
+    param.ds_id = next(_next_id)
+
+
 def empty_like_param(param: torch.Tensor, device: torch.device) -> torch.Tensor:
     return torch.empty(0, dtype=param.dtype, device=device)
 

@@ -188,7 +188,9 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
                 if ctx.dist_context.world_size > 1:
                     broadcast_from(data, group=ctx.dist_context.group)
                 p.data = data
-                if not keep_whole:
+                if keep_whole:
+                    P.mark_persistent(p)
+                else:
                     P.partition(p, ctx.dist_context.group, ctx.dist_context.rank, ctx.dist_context.world_size,
                                 ctx.dist_context.device, shard_device=self.shard_device)
             for b in module.buffers():
@@ -209,6 +211,7 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
             full = p.data.clone()
             del p.ds_state, p.ds_tensor, p.ds_shape, p.ds_numel, p.ds_status, p.ds_id
             p.data = full.to(dtype)
+            P.mark_persistent(p)
             return
         if state.shard.dtype != dtype and state.shard.is_floating_point():
             state.shard = state.shard.to(dtype)
