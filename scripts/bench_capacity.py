@@ -25,7 +25,10 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 VARIANTS = ("plain", "zero3", "zero3_offload_all")
-KNOWN = VARIANTS + ("zero3_offload_optimizer",)   # stage 3, optimizer offload only
+# stage 3 with optimizer offload only; and both offloads with bf16 masters, gradients and Adam moments
+# (bf16.bf16_master_weights_and_grads and bf16_optimizer_states, issue 43 item 3)
+KNOWN = VARIANTS + ("zero3_offload_optimizer", "zero3_offload_optimizer_bf16", "zero3_offload_all_bf16")
+BF16_STATES = {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
 GIB = 2**30
 
 
@@ -65,12 +68,13 @@ def engine_config(variant: str, batch: int) -> dict | None:
     if variant not in KNOWN:
         raise ValueError(f"unknown variant {variant!r}; known: {', '.join(KNOWN)}")
     zero: dict = {"stage": 3}
-    if variant in ("zero3_offload_all", "zero3_offload_optimizer"):
+    if variant.startswith(("zero3_offload_all", "zero3_offload_optimizer")):
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
-    if variant == "zero3_offload_all":
+    if variant.startswith("zero3_offload_all"):
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    bf16 = {"enabled": True, **(BF16_STATES if variant.endswith("_bf16") else {})}
     return {"train_micro_batch_size_per_gpu": batch, "gradient_accumulation_steps": 1,
-            "gradient_clipping": 1.0, "bf16": {"enabled": True}, "zero_optimization": zero,
+            "gradient_clipping": 1.0, "bf16": bf16, "zero_optimization": zero,
             "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "weight_decay": 0.1}},
             "steps_per_print": 10**9}
 
@@ -99,6 +103,15 @@ def predict(probes: list[dict], gpu_bytes: float, host_bytes: float, headroom: f
         bound = f"--max-layers {max_layers}"
     gpu, host = min(gpu, max_layers), min(host, max_layers)
     return {"layers_by_gpu": gpu, "layers_by_host": host, "layers": min(gpu, host), "bound": bound}
+
+
+def marginal_per_param(probes: list[dict], key: str) -> float | None:
+    """Bytes of ``key`` one more parameter costs, from the two probes (what a larger model adds:
+    fixed costs such as the CUDA context, pinned staging slots or the embeddings cancel out)."""
+    (a, b) = sorted(probes, key=lambda r: r["layers"])[:2]
+    if a.get(key) is None or b.get(key) is None or b["params"] == a["params"]:
+        return None
+    return round((b[key] - a[key]) / (b["params"] - a["params"]), 2)
 
 
 def host_need(probes: list[dict], layers: int) -> float:
@@ -160,6 +173,8 @@ def attempt(args, variant: str, layers: int) -> dict:
     for place in ("host", "gpu"):   # what one parameter costs where, at this size (issue 32 item 4)
         if record.get(f"peak_{place}_bytes"):
             record[f"{place}_bytes_per_param"] = round(record[f"peak_{place}_bytes"] / record["params"], 2)
+    if record.get("offload_state_bytes"):
+        record["offload_state_bytes_per_param"] = round(record["offload_state_bytes"] / record["params"], 2)
     print(f"[capacity] {variant} {layers} layers ({record['params_b']}B): {record['status']} "
           f"{record.get('reason', '')}", file=sys.stderr, flush=True)
     print(json.dumps(record), flush=True)
@@ -185,8 +200,10 @@ def search(args, variant: str, gpu_bytes: int) -> dict:
     fits = [t for t in tried if t["status"] == "ok"]
     best = max(fits, key=lambda t: t["layers"]) if fits else None
     too_big = [t for t in tried if t["status"] != "ok" and (best is None or t["layers"] > best["layers"])]
+    marginal = {f"{key}_per_param_marginal": marginal_per_param(probes, key)
+                for key in ("peak_host_bytes", "offload_state_bytes")}
     return {"variant": variant, "summary": True, "prediction": guess, "host_available_gib": round(available / GIB, 1),
-            "gpu_gib": round(gpu_bytes / GIB, 1),
+            "gpu_gib": round(gpu_bytes / GIB, 1), **marginal,
             "largest_ok": best and {k: best.get(k) for k in ("layers", "params", "params_b", "tokens_per_s",
                                                           "peak_gpu_gib", "peak_host_gib", "host_bytes_per_param",
                                                           "gpu_bytes_per_param")},
@@ -212,14 +229,31 @@ def main_parent(args) -> int:
             print(f"{row['variant']:<24} no size trained ({row.get('status', '')})", file=sys.stderr)
             continue
         ratio = f"{best['params'] / plain['largest_ok']['params']:.2f}x plain" if plain else ""
+        states = row.get("offload_state_bytes_per_param_marginal")
         print(f"{row['variant']:<24} {best['layers']:>4} layers {best['params_b']:>7.2f}B params "
               f"{best['tokens_per_s']:>9.0f} tok/s  bound: {row['prediction']['bound']}  {ratio}  "
-              f"B/param host {best.get('host_bytes_per_param')} gpu {best.get('gpu_bytes_per_param')}",
-              file=sys.stderr)
+              f"B/param host {best.get('host_bytes_per_param')} gpu {best.get('gpu_bytes_per_param')}"
+              + (f" offloaded states {states}" if states is not None else ""), file=sys.stderr)
     return 0
 
 
 # ---------------------------------------------------------------- worker: one attempt
+
+def offload_state_bytes(engine, cfg: dict):
+    """A callable giving the bytes of the states optimizer offload keeps in host memory: the masters,
+    Adam's moments and the gradients' host buffers (None without optimizer offload). Counted from the
+    tensors, so a CPU run gives the figure a GPU run's host holds for them."""
+    if "offload_optimizer" not in cfg["zero_optimization"]:
+        return lambda: None
+
+    def count() -> int:
+        memory = engine.memory_breakdown()
+        masters = sum(p.numel() * p.element_size() for group in engine.basic_optimizer.param_groups
+                      for p in group["params"])
+        return masters + memory["optimizer_states"] + memory.get("host_gradients", 0)
+
+    return count
+
 
 def main_worker(args) -> int:
     import torch
@@ -242,6 +276,7 @@ def main_worker(args) -> int:
         print(json.dumps(record), flush=True)
         return 0
 
+    state_bytes = offload_state_bytes(None, {"zero_optimization": {}})   # plain: nothing offloaded
     try:
         torch.manual_seed(0)
         if cfg is None:
@@ -264,6 +299,7 @@ def main_worker(args) -> int:
             with zero.Init(config_dict_or_path=cfg), torch.device(device):
                 model = GPT(config)
             engine, _, _, _ = zero.initialize(model=model, config=cfg)
+            state_bytes = offload_state_bytes(engine, cfg)
 
             def step(idx, targets):
                 loss = engine(idx, targets)
@@ -294,7 +330,8 @@ def main_worker(args) -> int:
         raise
     step_s = sorted(times)[len(times) // 2] if times else float("nan")
     return emit({"status": "ok", "step_s": round(step_s, 3), "loss": round(loss, 4),
-                 "tokens_per_s": round(args.batch * args.seq / step_s, 1) if times else None})
+                 "tokens_per_s": round(args.batch * args.seq / step_s, 1) if times else None,
+                 "offload_state_bytes": state_bytes()})
 
 
 def main(argv=None) -> int:

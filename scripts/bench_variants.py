@@ -24,6 +24,9 @@ TARGETS = {"zero0": 0.97, "zero1": 0.97, "zero2": 0.97, "zero3": 0.97, "zero2_of
            "zero3_offload": 0.50, "zero2_offload_overlap": 0.60, "zero3_offload_overlap": 0.50}
 
 
+BF16_STATES = {"bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
+
+
 class Unavailable(Exception):
     """The variant cannot run in this environment (missing package or engine feature)."""
 
@@ -147,10 +150,11 @@ def fsdp2_compile(model: torch.nn.Module, settings: Settings) -> Step:
 
 
 def engine_config(stage: int, offload: bool, settings: Settings, overlap: bool = False,
-                  offload_param: bool = False, fp32: bool = False) -> dict:
+                  offload_param: bool = False, fp32: bool = False, bf16_states: bool = False) -> dict:
     """The DeepSpeed-style config both our engine and DeepSpeed get for a stage
     (``overlap``: ours only, the offloaded step in the background, ``overlap_step``;
-    ``offload_param``: stage 3's parameters in host memory too; ``fp32``: bf16 off)."""
+    ``offload_param``: stage 3's parameters in host memory too; ``fp32``: bf16 off;
+    ``bf16_states``: bf16 master weights, gradients and Adam moments, DeepSpeed 0.19.8's two keys)."""
     zero: dict = {"stage": stage}
     if offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
@@ -162,7 +166,7 @@ def engine_config(stage: int, offload: bool, settings: Settings, overlap: bool =
         "train_micro_batch_size_per_gpu": settings.batch,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": settings.grad_clip,
-        "bf16": {"enabled": not fp32},
+        "bf16": {"enabled": not fp32, **(BF16_STATES if bf16_states else {})},
         "zero_optimization": zero,
         "optimizer": {"type": "AdamW", "params": {
             "lr": settings.lr, "betas": list(settings.betas), "eps": 1e-8,
@@ -202,10 +206,12 @@ def torch_pinned_host_buffers() -> None:
 
 
 def ours(stage: int, offload: bool = False, overlap: bool = False, compiled: bool = False,
-         offload_param: bool = False, fp32: bool = False, trace: bool = True, torch_pinned: bool = False):
+         offload_param: bool = False, fp32: bool = False, trace: bool = True, torch_pinned: bool = False,
+         bf16_states: bool = False):
     """Our engine, launcher.zero, at a stage (with optimizer offload to CPU if asked; compiled:
     the whole module at stages 0-2, per block at stage 3; fp32: bf16 off; trace False: the inf/NaN
-    trace off, ``non_finite.trace``, on by default; torch_pinned: see torch_pinned_host_buffers)."""
+    trace off, ``non_finite.trace``, on by default; torch_pinned: see torch_pinned_host_buffers;
+    bf16_states: see engine_config)."""
 
     def build(model: torch.nn.Module, settings: Settings) -> Step:
         try:
@@ -218,7 +224,7 @@ def ours(stage: int, offload: bool = False, overlap: bool = False, compiled: boo
             zero.initialize  # noqa: B018 - lazy attribute: imports the engine
         except (ImportError, AttributeError) as exc:
             raise Unavailable(f"launcher.zero.initialize not importable: {exc}") from None
-        config = engine_config(stage, offload, settings, overlap, offload_param, fp32)
+        config = engine_config(stage, offload, settings, overlap, offload_param, fp32, bf16_states)
         if compiled:   # the engine's own path: zero.initialize compiles (engine.compile)
             config["compile"] = compile_config(settings)
         if not trace:
@@ -241,7 +247,7 @@ def ours(stage: int, offload: bool = False, overlap: bool = False, compiled: boo
 
 
 def deepspeed(stage: int, offload: bool = False, compiled: bool = False, offload_param: bool = False,
-              fp32: bool = False):
+              fp32: bool = False, bf16_states: bool = False):
     """DeepSpeed (when installed) on the same config; FusedAdam / DeepSpeedCPUAdam; compiled:
     DeepSpeed 0.19.8's ``engine.compile(backend=...)`` (the whole module)."""
 
@@ -261,7 +267,7 @@ def deepspeed(stage: int, offload: bool = False, compiled: bool = False, offload
             params = split_params_into_different_moe_groups_for_optimizer({"params": params, "name": "params"})
         engine, _, _, _ = ds.initialize(model=model, model_parameters=params,
                                         config=engine_config(stage, offload, settings, offload_param=offload_param,
-                                                              fp32=fp32))
+                                                              fp32=fp32, bf16_states=bf16_states))
         if compiled:
             engine.compile(backend=settings.compile_backend, compile_kwargs={})
         return _engine_step(engine)
@@ -286,6 +292,10 @@ VARIANTS: dict[str, Callable[[torch.nn.Module, Settings], Step]] = {
     # the same with torch's pinned allocator for the host buffers (issue 43 item 1's A/B)
     "zero2_offload_overlap_torch_pinned": ours(2, offload=True, overlap=True, torch_pinned=True),
     "zero3_offload_overlap_torch_pinned": ours(3, offload=True, overlap=True, torch_pinned=True),
+    # bf16 masters, gradients and Adam moments (issue 43 item 3), beside DeepSpeed's with the same keys
+    **{f"zero{s}_offload{o}_bf16states": ours(s, offload=True, overlap=bool(o), bf16_states=True)
+       for s in (2, 3) for o in ("", "_overlap")},
+    **{f"ds_zero{s}_offload_bf16states": deepspeed(s, offload=True, bf16_states=True) for s in (2, 3)},
     **{f"ds_zero{s}": deepspeed(s) for s in range(4)},
     "ds_zero2_offload": deepspeed(2, offload=True),
     "ds_zero3_offload": deepspeed(3, offload=True),

@@ -129,11 +129,10 @@ def free_port() -> int:
 
 
 def versions(python: str) -> dict:
-    """The versions of DeepSpeed and what drives it; lightning and trl where installed."""
-    probe = ("import importlib.util, json, sys, deepspeed, torch, transformers, accelerate\n"
-             "found = {'deepspeed': deepspeed.__version__, 'torch': torch.__version__, 'transformers': "
-             "transformers.__version__, 'accelerate': accelerate.__version__, 'python': sys.version.split()[0]}\n"
-             "for name in ('lightning', 'trl'):\n"
+    """The versions of DeepSpeed and of what drives it (transformers, accelerate, lightning, trl), where installed."""
+    probe = ("import importlib.util, json, sys, deepspeed, torch\n"
+             "found = {'deepspeed': deepspeed.__version__, 'torch': torch.__version__, 'python': sys.version.split()[0]}\n"
+             "for name in ('transformers', 'accelerate', 'lightning', 'trl'):\n"
              "    if importlib.util.find_spec(name):\n"
              "        found[name] = __import__(name).__version__\n"
              "print(json.dumps(found))")
@@ -203,6 +202,24 @@ def record_muon_steps(python: str, log: Path) -> dict:
     return {"stages": stages}
 
 
+# bf16 masters, gradients and Adam moments (bf16_states_worker.py): the bf16 section's two keys, with
+# optimizer offload at stages 1-3, and bf16_optimizer_states without offload (DeepSpeed allows that pair alone)
+BF16_STATES_WORKER = "tests/dist/workers/bf16_states_worker.py"
+BF16_STATES_CASES = [(stage, keys, "cpu") for stage in (1, 2, 3) for keys in ("masters", "states")] + \
+                    [(stage, "states", "none") for stage in (1, 2, 3)]
+
+
+def record_bf16_states(python: str, log: Path) -> dict:
+    """``STAGE/KEYS/OFFLOAD`` -> rank 0's report."""
+    runs = {}
+    for stage, keys, offload in BF16_STATES_CASES:
+        with tempfile.TemporaryDirectory(prefix="ds-bf16-states-") as scratch:
+            torchrun(python, [BF16_STATES_WORKER, str(stage), keys, offload, "--out", scratch], log,
+                     f"bf16_states stage {stage} {keys} offload {offload}", timeout=900)
+            runs[f"{stage}/{keys}/{offload}"] = json.loads((Path(scratch) / "rank0.json").read_text())
+    return {"runs": runs}
+
+
 # the optimizer deepspeed.initialize returns, stepped the ways frameworks step it (returned_optimizer_worker.py)
 RETURNED_WORKER = "tests/dist/workers/returned_optimizer_worker.py"
 RETURNED_LOOPS = ("engine", "optimizer", "both", "lightning")
@@ -238,7 +255,8 @@ def returned_optimizer_run(python: str, stage: int, loop: str, log: Path, attemp
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", default="/work/dsref/bin/python", help="a Python with a real DeepSpeed")
-    parser.add_argument("--only", nargs="*", help="case names, loader_order, bf16_steps, muon_steps and returned_optimizer among them (default: all)")
+    parser.add_argument("--only", nargs="*", help="case names, loader_order, bf16_steps, bf16_states, muon_steps and "
+                                                   "returned_optimizer among them (default: all)")
     parser.add_argument("--log", default="/tmp/record_deepspeed_losses.log")
     options = parser.parse_args()
 
@@ -262,6 +280,11 @@ def main() -> int:
                   "worker": MUON_WORKER, **record_muon_steps(options.python, Path(options.log))}
         (out_dir / "muon_steps.json").write_text(json.dumps(record, indent=1) + "\n")
         print("muon_steps: recorded stages", sorted(record["stages"]), flush=True)
+    if not options.only or "bf16_states" in options.only:
+        record = {"case": "bf16_states", "versions": found, "launch": launch, "world_size": WORLD_SIZE,
+                  "worker": BF16_STATES_WORKER, **record_bf16_states(options.python, Path(options.log))}
+        (out_dir / "bf16_states.json").write_text(json.dumps(record, indent=1) + "\n")
+        print("bf16_states: recorded", sorted(record["runs"]), flush=True)
     if not options.only or "returned_optimizer" in options.only:
         record = {"case": "returned_optimizer", "versions": found, "launch": launch, "world_size": WORLD_SIZE,
                   "worker": RETURNED_WORKER, **record_returned_optimizer(options.python, Path(options.log))}

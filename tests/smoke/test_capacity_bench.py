@@ -53,3 +53,24 @@ def test_tiny_run_on_cpu_reports_the_largest_size_per_variant():
     summary = [json.loads(line) for line in out.stdout.splitlines() if '"summary"' in line]
     assert [s["variant"] for s in summary] == ["plain"]
     assert summary[0]["largest_ok"]["layers"] >= 2 and is_figure(summary[0]["largest_ok"]["tokens_per_s"])
+
+
+def test_marginal_bytes_per_param_cancel_what_does_not_grow():
+    probes = [{"layers": 2, "params": 100, "offload_state_bytes": 96 * 2**20 + 600},
+              {"layers": 6, "params": 300, "offload_state_bytes": 96 * 2**20 + 1800}]
+    assert cap.marginal_per_param(probes, "offload_state_bytes") == 6.0   # the feed's slots cancel out
+    assert cap.marginal_per_param([{"layers": 1, "params": 1}, {"layers": 2, "params": 2}], "x") is None
+
+
+def test_bf16_states_bring_the_offloaded_states_to_6_bytes_a_parameter():
+    """Issue 43 item 3: stage 3 with optimizer offload keeps fp32 masters and moments (12 bytes a
+    parameter) or, with bf16 master weights and optimizer states, bf16 ones (6); counted from the
+    engine's tensors, so this CPU run gives the figure a GPU host holds for them."""
+    out = subprocess.run([sys.executable, str(SCRIPTS / "bench_capacity.py"), "--tiny", "--variants",
+                          "zero3_offload_optimizer,zero3_offload_optimizer_bf16", "--probes", "1,2", "--tries", "1"],
+                         capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300,
+                         check=True)
+    summary = {s["variant"]: s for s in map(json.loads, (x for x in out.stdout.splitlines() if '"summary"' in x))}
+    assert summary["zero3_offload_optimizer"]["offload_state_bytes_per_param_marginal"] == 12.0
+    assert summary["zero3_offload_optimizer_bf16"]["offload_state_bytes_per_param_marginal"] == 6.0
+    assert "offloaded states 6.0" in out.stderr

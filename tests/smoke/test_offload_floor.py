@@ -67,3 +67,15 @@ def test_host_buffer_bench_runs_on_the_cpu():
     assert done.returncode == 0, done.stderr
     (record,) = [json.loads(line) for line in done.stdout.splitlines()]
     assert record["kind"] == "torch" and record["adam_ms"] > 0
+
+
+def test_the_ab_and_bf16_state_variants_train_on_the_cpu():
+    """The variants gpu_runs.sh's offload-ab and bf16-states parts time, on a tiny CPU run: each trains."""
+    env = dict(os.environ, PYTHONPATH=REPO, CUDA_VISIBLE_DEVICES="")
+    variants = "zero2_offload_overlap_torch_pinned,zero3_offload_bf16states,zero2_offload_overlap_bf16states"
+    script = os.path.join(REPO, "scripts", "bench_engine.py")
+    done = subprocess.run([sys.executable, script, "--tiny", "--peak-size", "0",
+                           "--variants", variants], capture_output=True, text=True, env=env, timeout=300)
+    records = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    status = {r["variant"]: r["status"] for r in records if r.get("variant") in variants.split(",")}
+    assert status == dict.fromkeys(variants.split(","), "ok"), done.stderr[-2000:]

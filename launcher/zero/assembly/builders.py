@@ -26,7 +26,8 @@ def client_optimizer(optimizer, params, cfg, process_group=None, offload: bool =
         raise ConfigError(f"optimizer: expected an optimizer or a callable, got {type(optimizer).__name__}", hint=None)
     if cfg.optimizer is None:
         return no_optimizer(params, cfg.zero_stage)
-    return build_optimizer(cfg.optimizer, params, process_group=process_group, offload=offload)
+    return build_optimizer(cfg.optimizer, params, process_group=process_group, offload=offload,
+                           bf16_moments=bool(cfg.bf16.bf16_optimizer_states))
 
 
 def client_scheduler(lr_scheduler, optimizer, cfg):

@@ -25,7 +25,7 @@ from launcher.zero.errors import ConfigError
 from launcher.zero.experts.param_groups import configure_moe_param_groups
 from launcher.zero.experts.wiring import check_param_groups, refuse_in_pipeline, set_up_experts
 from launcher.zero.failure import install_from_env
-from launcher.zero.optim import check_zero_support
+from launcher.zero.optim import check_master_dtype_support, check_zero_support
 from launcher.zero.optim.muon import MuonWithAdam, shards_of, tag_matrices
 from launcher.zero.optim.no_optimizer import NoOptimizer
 from launcher.zero.parallel.topology import check_autotp_size
@@ -109,6 +109,7 @@ def _client_optimizer(optimizer, params, experts, cfg, dist_context: DistContext
     check_param_groups(experts, optimizer.param_groups)
     if not isinstance(optimizer, NoOptimizer):
         check_zero_support(optimizer, cfg.zero_stage, cfg.zero_allow_untested_optimizer)
+        check_master_dtype_support(optimizer, cfg.bf16, bool(cfg.zero_optimization.offload_optimizer_active))
     handles_comm = bool(getattr(optimizer, "handles_gradient_communication", False))
     if handles_comm and cfg.zero_stage != 0:
         raise ConfigError(f"optimizer {type(optimizer).__name__} does its own gradient communication and needs "

@@ -101,6 +101,10 @@ def _check_supported(cfg) -> None:
     if cfg.zero_optimization.offload_optimizer_active:
         raise ConfigError("zero_optimization.offload_optimizer with pipeline parallelism is not supported",
                           hint="remove offload_optimizer (stage 1 alone partitions the optimizer state)")
+    if cfg.bf16.bf16_master_weights_and_grads:
+        raise NotSupportedError("bf16.bf16_master_weights_and_grads with pipeline parallelism is not supported "
+                                "(the pipeline engine keeps fp32 masters)",
+                                hint="remove bf16_master_weights_and_grads and bf16_optimizer_states")
 
 
 def _schedule_name(cfg, num_virtual_stages: int) -> str:

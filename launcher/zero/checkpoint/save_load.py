@@ -368,12 +368,20 @@ def _restore_fragments(engine, fragments, shards, with_optimizer: bool) -> None:
                     state.setdefault(key, value)
                 for key, value in record["state"].items():
                     if key not in state:
-                        state[key] = torch.zeros(fragment.master.shape, dtype=value.dtype, device=fragment.master.device)
+                        state[key] = torch.zeros(fragment.master.shape, dtype=_state_dtype(engine, fragment, value),
+                                                 device=fragment.master.device)
                     target = state[key].view(-1)[fragment.master_offset:fragment.master_offset + fragment.numel]
                     fmt.copy_overlap(target, fragment.param_start, value, record["param_start"])
     if with_optimizer:
         for key, state in new_states.items():
             engine.basic_optimizer.state[masters[key]] = state
+
+
+def _state_dtype(engine, fragment, saved: torch.Tensor) -> torch.dtype:
+    """A restored state tensor's dtype: the saved one, but Adam's moments as the CPU Adam keeps them
+    now (fp32, or bf16 with bf16_optimizer_states), whatever the run that saved them used."""
+    moment_dtype = getattr(engine.basic_optimizer, "moment_dtype", None)
+    return moment_dtype(fragment.master) if moment_dtype is not None and saved.is_floating_point() else saved.dtype
 
 
 def _restore_training_state(engine, path, states, metadata, shards, load_optimizer_states,

@@ -317,11 +317,39 @@ def _check_semantics(config: ZeroConfig) -> None:
             raise ConfigError("optimizer Lamb needs dynamic loss scaling (fp16.loss_scale is static)",
                               hint="set fp16.loss_scale to 0")
     _check_compile(config)
+    _check_bf16_states(config)
     refuse_not_built(config)   # DeepSpeed keys whose features are not built here (config/not_built.py)
     for key in BATCH_KEYS:
         value = getattr(config, key)
         if value is not None and value != "auto" and (not isinstance(value, int) or value < 1):
             raise ConfigError(f"{key}: must be a whole number >= 1, got {_show(value)}", hint=None)
+
+
+def _check_bf16_states(config: ZeroConfig) -> None:
+    """DeepSpeed 0.19.8's rules for the bf16 masters and moments (runtime/config.py and
+    base_optimizer._configure_master_weights); the CPU Adam's side is checked where the optimizer
+    exists (optim/factory.py, check_master_dtype_support)."""
+    bf16, zero = config.bf16, config.zero_optimization
+    if bf16.bf16_optimizer_states and not bf16.bf16_master_weights_and_grads:
+        raise ConfigError("bf16.bf16_optimizer_states needs bf16.bf16_master_weights_and_grads",
+                          hint='"bf16": {"enabled": true, "bf16_master_weights_and_grads": true, '
+                               '"bf16_optimizer_states": true}')
+    if not bf16.bf16_master_weights_and_grads:
+        return
+    if not bf16.enabled:
+        raise ConfigError("bf16.bf16_master_weights_and_grads needs bf16.enabled", hint='set "bf16": {"enabled": true}')
+    if zero.stage == 0:
+        raise ConfigError("bf16.bf16_master_weights_and_grads needs ZeRO stage 1, 2 or 3 (stage is 0)",
+                          hint="set zero_optimization.stage to 1, 2 or 3")
+    if not zero.offload_optimizer_active and not bf16.bf16_optimizer_states:
+        raise ConfigError("bf16.bf16_master_weights_and_grads needs zero_optimization.offload_optimizer (the CPU "
+                          "Adam keeps fp32 moments of bf16 masters), unless bf16.bf16_optimizer_states keeps bf16 "
+                          "moments on the device", hint='add "offload_optimizer": {"device": "cpu"} or set '
+                                                        'bf16.bf16_optimizer_states to true')
+    moments = config.optimizer.params.get("fp32_optimizer_states") if config.optimizer is not None else None
+    if bf16.bf16_optimizer_states and moments:
+        raise ConfigError("optimizer.params.fp32_optimizer_states true contradicts bf16.bf16_optimizer_states",
+                          hint="remove fp32_optimizer_states (bf16_optimizer_states keeps the moments in bf16)")
 
 
 def _check_compile(config: ZeroConfig) -> None:

@@ -37,12 +37,6 @@ class NotBuiltKey:
 
 
 NOT_BUILT = (
-    NotBuiltKey("bf16.bf16_master_weights_and_grads", "DeepSpeed's bf16 master weights and gradients",
-                "remove it: the master weights and gradients stay fp32 (4 bytes a parameter more, never less "
-                "precise); to save device memory, " + _OFFLOAD, False, True, _OFFLOAD_ISSUE),
-    NotBuiltKey("bf16.bf16_optimizer_states", "DeepSpeed's bf16 optimizer states",
-                "remove it: the optimizer states stay fp32; to save device memory, " + _OFFLOAD,
-                False, True, _OFFLOAD_ISSUE),
     NotBuiltKey("torch_autocast.enabled", "DeepSpeed's torch.autocast mode (fp32 weights, the forward under "
                 "torch.autocast, Linear and Conv gradients reduced in 16 bits)",
                 'use "bf16": {"enabled": true} (bf16 weights with fp32 master weights, DeepSpeed\'s own mixed '

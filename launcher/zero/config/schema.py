@@ -41,15 +41,15 @@ class FP16Config:
 
 @dataclass(frozen=True)
 class BF16Config:
-    """`bf16` (alias `bfloat16`): bfloat16 compute with fp32 master weights, no loss scaling."""
+    """`bf16` (alias `bfloat16`): bfloat16 compute with fp32 master weights (bf16 with
+    ``bf16_master_weights_and_grads``), no loss scaling."""
 
     enabled: bool = spec(False, "bool", "train in bf16 with fp32 master weights")
     immediate_grad_update: bool = spec(False, "bool", "accepted for compatibility")
     check_grad_overflow: bool = spec(True, "bool", "skip a step whose gradients hold inf/NaN")
-    bf16_master_weights_and_grads: bool = spec(False, "bool", "DeepSpeed's bf16 master weights and gradients "
-                                               "(not built: must be false; issue 43 builds it)")
-    bf16_optimizer_states: bool = spec(False, "bool", "DeepSpeed's bf16 optimizer states (not built: must be false; "
-                                       "issue 43 builds it)")
+    bf16_master_weights_and_grads: bool = spec(False, "bool", "bf16 master weights and gradients (ZeRO 1-3; with "
+                                               "offload_optimizer and its CPU Adam unless bf16_optimizer_states)")
+    bf16_optimizer_states: bool = spec(False, "bool", "Adam's moments in bf16 (needs bf16_master_weights_and_grads)")
 
 
 @dataclass(frozen=True)

@@ -27,4 +27,5 @@ class DeepSpeedCPUAdam(CPUAdam):
         if amsgrad:
             raise ValueError("DeepSpeedCPUAdam: amsgrad is not supported")
         super().__init__(model_params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                         adamw_mode=adamw_mode, bias_correction=bias_correction)
+                         adamw_mode=adamw_mode, bias_correction=bias_correction,
+                         fp32_optimizer_states=fp32_optimizer_states)

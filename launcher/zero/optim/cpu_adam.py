@@ -25,6 +25,9 @@ DEFAULT_CHUNK_ELEMENTS = 1 << 24
 _HAS_FUSED = hasattr(torch, "_fused_adamw_") and hasattr(torch, "_fused_adam_")
 
 
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
 def default_num_threads() -> int:
     """One thread per core this process may run on."""
     try:
@@ -64,7 +67,7 @@ class CPUAdam(torch.optim.Optimizer):
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, adamw_mode: bool = True, bias_correction: bool = True,
                  num_threads: int | None = None, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
-                 use_fused: bool | None = None):
+                 use_fused: bool | None = None, fp32_optimizer_states: bool = True):
         if lr < 0 or eps < 0 or weight_decay < 0 or not all(0 <= b < 1 for b in betas):
             raise ValueError(f"invalid Adam hyper-parameters lr={lr} betas={betas} eps={eps} "
                              f"weight_decay={weight_decay}")
@@ -76,6 +79,8 @@ class CPUAdam(torch.optim.Optimizer):
         # enough; the reference arithmetic is several small ops, which threads overlap
         self.num_threads = num_threads or (1 if self.use_fused else default_num_threads())
         self.chunk_elements = int(chunk_elements)
+        #: DeepSpeedCPUAdam's switch: False keeps a bf16 parameter's moments in bf16 (bf16_optimizer_states)
+        self.fp32_optimizer_states = bool(fp32_optimizer_states)
         self._pool = ThreadPoolExecutor(self.num_threads) if self.num_threads > 1 else None
         #: engine-set for the next step: every gradient times this (unscaling and clipping fused
         #: into the update, so the host never makes a pass of its own over the gradients)
@@ -104,13 +109,27 @@ class CPUAdam(torch.optim.Optimizer):
         state = self.state[p]
         if not state:
             # checked here, not in __init__: an engine hands over the host masters after construction
-            if p.device.type != "cpu" or p.dtype != torch.float32:
-                raise ValueError(f"CPUAdam updates fp32 CPU tensors, got {p.dtype} on {p.device}")
+            if p.device.type != "cpu" or p.dtype not in (torch.float32, torch.bfloat16):
+                raise ValueError(f"CPUAdam updates fp32 or bf16 CPU tensors, got {p.dtype} on {p.device}")
             # a tensor step keeps the state dict loadable by torch.optim.AdamW and back
             state["step"] = torch.zeros((), dtype=torch.float32)
-            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            for key in MOMENTS:
+                state[key] = torch.zeros_like(p, dtype=self.moment_dtype(p), memory_format=torch.preserve_format)
         return state
+
+    def moment_dtype(self, p: torch.Tensor) -> torch.dtype:
+        """Adam's moments of ``p``: fp32, or ``p``'s bf16 when ``fp32_optimizer_states`` is off."""
+        return torch.float32 if self.fp32_optimizer_states else p.dtype
+
+    def load_state_dict(self, state_dict):
+        """torch casts floating state to its parameter's dtype; the moments take ``moment_dtype``
+        instead (a bf16 parameter's fp32 moments stay fp32)."""
+        ids = [i for group in state_dict["param_groups"] for i in group["params"]]
+        saved = {i: {k: v for k, v in state_dict["state"].get(i, {}).items() if k in MOMENTS} for i in ids}
+        super().load_state_dict(state_dict)
+        for i, p in zip(ids, [p for group in self.param_groups for p in group["params"]]):
+            for key, value in saved[i].items():
+                self.state[p][key] = value.to(device=p.device, dtype=self.moment_dtype(p), copy=True)
 
     @torch.no_grad()
     def step(self, closure=None, params_16bit=None):
@@ -182,6 +201,22 @@ class CPUAdam(torch.optim.Optimizer):
 
     @torch.no_grad()   # grad mode is per thread: the pool's threads need it too
     def _step_chunk(self, tensors, out, step, step_tensor, group, factor):
+        fused = self.use_fused and group["bias_correction"]
+        if all(t.dtype == torch.float32 for t in tensors) or (fused and len({t.dtype for t in tensors}) == 1):
+            self._update(tensors, step, step_tensor, group, factor)   # in place (the fused kernel reads bf16 in fp32)
+        else:
+            # bf16 weights beside fp32 moments or gradients: fp32 arithmetic on the values read, each
+            # result rounded to nearest even into its own tensor, as DeepSpeed's CPU Adam stores them
+            wide = [t.float() for t in tensors]
+            self._update(wide, step, step_tensor, group, factor)
+            for narrow, result in zip(tensors, wide):
+                if result is not narrow and narrow is not tensors[1]:   # the gradient is only read
+                    narrow.copy_(result)
+        if out is not None:
+            out.copy_(tensors[0])
+
+    def _update(self, tensors, step, step_tensor, group, factor):
+        """One Adam(W) update in place of the chunk's (param, grad, exp_avg, exp_avg_sq)."""
         param, grad, exp_avg, exp_avg_sq = tensors
         beta1, beta2 = group["betas"]
         lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
@@ -196,8 +231,6 @@ class CPUAdam(torch.optim.Optimizer):
                 grad = grad * factor
             _step_reference(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, wd,
                             group["adamw_mode"], group["bias_correction"])
-        if out is not None:
-            out.copy_(param)
 
 
 def _by_priority(jobs, spans, priority):

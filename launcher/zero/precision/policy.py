@@ -24,12 +24,14 @@ class PrecisionPolicy:
 
 
 def precision_policy(config) -> PrecisionPolicy:
-    """The policy for a ZeroConfig: fp16 / bf16 with fp32 masters, or fp32 throughout."""
+    """The policy for a ZeroConfig: fp16 / bf16 with fp32 masters (16-bit masters with
+    ``fp16_master_weights_and_grads`` / ``bf16_master_weights_and_grads``), or fp32 throughout."""
     if config.fp16.enabled:
         param = torch.float16
         master = torch.float16 if config.fp16.fp16_master_weights_and_grads else torch.float32
     elif config.bf16.enabled:
-        param, master = torch.bfloat16, torch.float32
+        param = torch.bfloat16
+        master = torch.bfloat16 if config.bf16.bf16_master_weights_and_grads else torch.float32
     else:
         param, master = torch.float32, torch.float32
     accum = DTYPES[config.data_types.grad_accum_dtype] if config.data_types.grad_accum_dtype else param

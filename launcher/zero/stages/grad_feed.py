@@ -3,9 +3,10 @@
 Stage 3's optimizer offload used to copy every gradient into a host buffer as large as the
 master (4 bytes a parameter, fp32) during backward. With a ``GradFeed`` the gradients stay in
 the device's flat gradient buffer; as our CPU Adam runs through its chunks, each chunk's
-gradient is cast to fp32 on the device and copied into one of a few pinned host slots just
-ahead of its update, so the host holds the master and Adam's two moments and no gradient
-buffer (issue 32 item 4: host bytes per parameter bound the largest model offload can train).
+gradient is cast to the masters' dtype (fp32, or bf16 with ``bf16_master_weights_and_grads``)
+on the device and copied into one of a few pinned host slots just ahead of its update, so the
+host holds the master and Adam's two moments and no gradient buffer (issue 32 item 4: host
+bytes per parameter bound the largest model offload can train).
 
 Glossary: a *span* is one chunk of the Adam, ``(master, start, end)``; a *slot* is a pinned host
 buffer one chunk long; ``depth`` slots let the copies of the next chunks run during an update.
@@ -20,11 +21,13 @@ from launcher.zero.stages.host_memory import host_zeros
 class GradFeed:
     """Our CPU Adam's ``grad_feed``: ``begin(spans)``, then ``take(i)`` and ``done(i)`` in order."""
 
-    def __init__(self, device: torch.device, chunk_numel: int, pin: bool, depth: int = 3):
+    def __init__(self, device: torch.device, chunk_numel: int, pin: bool, depth: int = 3,
+                 dtype: torch.dtype = torch.float32):
         self.cuda = device.type == "cuda" and torch.cuda.is_available()
         self.device = device
         self.stream = torch.cuda.Stream(device=device) if self.cuda else None
-        self.slots = [host_zeros(chunk_numel, torch.float32, pin) for _ in range(depth)]
+        #: the masters' dtype: fp32, or bf16 with bf16_master_weights_and_grads (cast on the device)
+        self.slots = [host_zeros(chunk_numel, dtype, pin) for _ in range(depth)]
         self.sources: dict[int, torch.Tensor] = {}   # id(master) -> its flat gradient on the device
         self._ready = None      # the gradients' kernels are queued before this event
         self._spans: list = []
@@ -47,7 +50,7 @@ class GradFeed:
             self._copy(index)
 
     def take(self, index: int) -> torch.Tensor:
-        """Chunk ``index``'s gradient in host fp32, once its copy has landed."""
+        """Chunk ``index``'s gradient in host memory (the slots' dtype), once its copy has landed."""
         event = self._events[index]
         if event is not None:
             event.synchronize()

@@ -76,6 +76,10 @@ class OnDevice:
     def write_back(self, target: torch.Tensor, master: torch.Tensor, position: int) -> None:
         target.copy_(master)
 
+    def host_gradient_bytes(self) -> int | None:
+        """Bytes of the gradient buffers this placement keeps in host memory; None: it keeps none."""
+        return None
+
     def clear_grads(self, masters: list[torch.Tensor], stepping: bool = False) -> None:
         """Drop the master grads; ``stepping``: a background step still reads them (overlap_step)."""
         for master in masters:
@@ -126,6 +130,10 @@ class OnHost(OnDevice):
             self.spare_grads.append(host_zeros(master.numel(), master.dtype, self.pin))
         self.filled.append(0)
         return master, False   # the device weights and the host masters are always two tensors
+
+    def host_gradient_bytes(self) -> int:
+        """The host gradient buffers (two with overlap_step), in the masters' dtype."""
+        return sum(g.numel() * g.element_size() for g in self.host_grads + self.spare_grads)
 
     # ---- gradients to the host -------------------------------------------------------------
     def bucket_numel(self, configured: int) -> int:

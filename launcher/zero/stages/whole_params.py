@@ -269,8 +269,12 @@ class WholeParamsStrategy(ZeroStrategy):
         frozen = sum(p.numel() * p.element_size() for p in self.module.parameters() if id(p) not in trainable)
         params = sum(b.numel() * b.element_size() for b in self.param_buffers) + frozen
         masters = 0 if self.aliased else sum(m.numel() * m.element_size() for m in self.masters)
-        return {"parameters": params, "gradients": self.reduction.nbytes(), "master_weights": masters,
-                "optimizer_states": self.optimizer_state_bytes()}
+        parts = {"parameters": params, "gradients": self.reduction.nbytes(), "master_weights": masters,
+                 "optimizer_states": self.optimizer_state_bytes()}
+        host_gradients = self.placement.host_gradient_bytes()
+        if host_gradients is not None:   # offload: the gradients' copies in host memory
+            parts["host_gradients"] = host_gradients
+        return parts
 
 
 def _prepare_of(optimizer):

@@ -22,12 +22,6 @@ def offload(**keys):
 
 # (config, the key path the message names, a word the hint must hold)
 REFUSED = {
-    "bf16_master_weights_and_grads": (
-        {"bf16": {"enabled": True, "bf16_master_weights_and_grads": True}, **with_zero(2)},
-        "bf16.bf16_master_weights_and_grads", "fp32"),
-    "bf16_optimizer_states": (
-        {"bf16": {"enabled": True, "bf16_optimizer_states": True}, **with_zero(2)}, "bf16.bf16_optimizer_states",
-        "fp32"),
     "torch_autocast": ({"torch_autocast": {"enabled": True, "dtype": "bfloat16"}}, "torch_autocast.enabled", "bf16"),
     "deepcompile": ({"compile": {"deepcompile": True}}, "compile.deepcompile", "torch.compile"),
     "zenflow": (with_zero(2, zenflow={"topk_ratio": 0.1, "update_interval": 4}), "zero_optimization.zenflow",
@@ -57,8 +51,7 @@ def test_a_deepspeed_key_not_built_is_refused_by_name_with_what_to_use(name):
     assert caught.value.kind == "config error" and caught.value.exit_code == 2
 
 
-@pytest.mark.parametrize("name", ["bf16_master_weights_and_grads", "bf16_optimizer_states", "zenflow",
-                                  "super_offload", "ratio"])
+@pytest.mark.parametrize("name", ["zenflow", "super_offload", "ratio"])
 def test_what_the_offload_issue_builds_says_so(name):
     extra, _, _ = REFUSED[name]
     with pytest.raises(ConfigError, match="issue 43"):
@@ -77,6 +70,10 @@ ACCEPTED = {
     "bf16 states off": {"bf16": {"enabled": True, "bf16_master_weights_and_grads": False,
                                  "bf16_optimizer_states": False}},
     "deepcompile off": {"compile": {"deepcompile": False}},
+    "bf16 masters with offload": {"bf16": {"enabled": True, "bf16_master_weights_and_grads": True},
+                                  **offload()},
+    "bf16 masters and states": {"bf16": {"enabled": True, "bf16_master_weights_and_grads": True,
+                                         "bf16_optimizer_states": True}, **with_zero(2)},
 }
 
 

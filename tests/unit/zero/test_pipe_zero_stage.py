@@ -76,3 +76,14 @@ def test_a_shard_takes_its_slice_of_a_state_saved_whole():
     other = torch.optim.Adam([half.param])
     half.load_full_state(other, saved)
     assert other.state[half.param]["exp_avg"].tolist() == pytest.approx([0.1, 0.1, 0.0])
+
+
+def test_bf16_master_weights_with_a_pipeline_are_refused_by_name():
+    """The pipeline engine keeps fp32 masters: DeepSpeed's bf16 state keys are refused, not ignored."""
+    from launcher.zero.errors import NotSupportedError
+
+    config = dict(_config(1), bf16={"enabled": True, "bf16_master_weights_and_grads": True,
+                                    "bf16_optimizer_states": True})
+    with pytest.raises(NotSupportedError, match="bf16.bf16_master_weights_and_grads with pipeline") as caught:
+        zero.initialize(model=_module(), config=config)
+    assert "bf16_optimizer_states" in caught.value.hint

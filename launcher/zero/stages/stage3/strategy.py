@@ -99,6 +99,7 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         self.coordinator = ParamCoordinator(module, self.options)
         self.coordinator.install()
         self._overlap_helper = None
+        self.spare_grads: list[torch.Tensor] = []   # overlap_step's second gradient buffers
         if self.offload_optimizer and zero.offload_optimizer.overlap_step:
             self._start_overlap(module, optimizer, pin)
         self._hooks = []
@@ -116,26 +117,32 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
 
 
     def _place_gradients(self, zero, optimizer) -> tuple[bool, torch.dtype]:
-        """(whether the gradients live in host memory, their dtype); sets ``device_grads``.
+        """(whether the gradients live in host memory, their dtype); sets ``device_grads`` and ``grads_on_host``.
 
         With optimizer offload the gradients stay on the device until our CPU Adam takes them
         chunk by chunk (grad_feed.py), unless the step runs in the background (overlap_step keeps
         two host buffers) or a subclass measures the norm from the masters' .grad itself (tensor
-        parallelism): then they go to an fp32 host buffer during backward. Offload adds micro-steps
-        up in fp32; one micro-step a step adds nothing up, and its gradients keep their dtype."""
+        parallelism): then they go to a host buffer in the masters' dtype during backward. Offload
+        with fp32 masters adds micro-steps up in fp32; one micro-step a step adds nothing up, and
+        its gradients keep their dtype on the device. bf16 masters take bf16 gradients, added up
+        in ``data_types.grad_accum_dtype`` (bf16 unless set), as DeepSpeed keeps them."""
         self.device_grads = bool(self.offload_optimizer and not zero.offload_optimizer.overlap_step
                                  and hasattr(optimizer, "grad_feed")
                                  and type(self).grad_square_sum is Stage3Strategy.grad_square_sum)
-        host_grads = self.offload_optimizer and not self.device_grads
+        host_grads = self.grads_on_host = self.offload_optimizer and not self.device_grads
+        precision = self.context.precision
         accumulating = int(self.context.config.gradient_accumulation_steps) > 1
-        fp32 = host_grads or (self.device_grads and accumulating)
-        return host_grads, torch.float32 if fp32 else self.context.precision.grad_accum_dtype
+        fp32_sums = accumulating and torch.float32 in (precision.master_dtype, precision.grad_accum_dtype)
+        if host_grads:
+            return True, torch.float32 if fp32_sums else precision.master_dtype
+        return False, torch.float32 if self.device_grads and fp32_sums else precision.grad_accum_dtype
 
     def _start_feed(self, optimizer, pin: bool):
         """device_grads: the optimizer takes each chunk's gradient from a GradFeed over self.grads."""
         from launcher.zero.stages.grad_feed import GradFeed
 
-        feed = GradFeed(self.context.dist_context.device, optimizer.chunk_elements, pin)
+        feed = GradFeed(self.context.dist_context.device, optimizer.chunk_elements, pin,
+                        dtype=self.context.precision.master_dtype)
         feed.use(self.masters, self.grads)
         optimizer.grad_feed = feed
         # what a master's .grad holds meanwhile: the right shape, no memory (the feed has the values)
@@ -476,5 +483,10 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         shards = sum(nbytes(p.ds_state.shard) for p in self.module.parameters() if P.is_partitioned(p))
         whole = sum(nbytes(p.data) for p in self.module.parameters() if not P.is_partitioned(p))
         masters = 0 if self.aliased else sum(nbytes(m) for m in self.masters)
-        return {"parameters": shards + whole, "gradients": sum(nbytes(g) for g in self.grads),
-                "master_weights": masters, "optimizer_states": self.optimizer_state_bytes()}
+        parts = {"parameters": shards + whole, "gradients": sum(nbytes(g) for g in self.grads),
+                 "master_weights": masters, "optimizer_states": self.optimizer_state_bytes()}
+        if self.offload_optimizer:   # the gradients' host buffers: two with overlap_step, or the feed's slots
+            host = self.grads + self.spare_grads if self.grads_on_host else []
+            parts["gradients"] -= sum(nbytes(g) for g in self.grads) if self.grads_on_host else 0
+            parts["host_gradients"] = sum(nbytes(g) for g in host + (self.feed.slots if self.feed else []))
+        return parts
