@@ -189,6 +189,19 @@ def record_bf16_steps(python: str, log: Path) -> dict:
     return {"stages": stages}
 
 
+# DeepSpeed 0.19's Muon (muon_steps_worker.py): Muon for matrices, its auxiliary Adam for the rest (issue 41)
+MUON_WORKER = "tests/dist/workers/muon_steps_worker.py"
+
+
+def record_muon_steps(python: str, log: Path) -> dict:
+    stages = {}
+    for stage in range(4):
+        with tempfile.TemporaryDirectory(prefix="ds-muon-") as scratch:
+            torchrun(python, [MUON_WORKER, str(stage), "--out", scratch], log, f"muon_steps stage {stage}", timeout=600)
+            stages[str(stage)] = json.loads((Path(scratch) / "rank0.json").read_text())
+    return {"stages": stages}
+
+
 # bf16 masters, gradients and Adam moments (bf16_states_worker.py): the bf16 section's two keys, with
 # optimizer offload at stages 1-3, and bf16_optimizer_states without offload (DeepSpeed allows that pair alone)
 BF16_STATES_WORKER = "tests/dist/workers/bf16_states_worker.py"
@@ -242,7 +255,7 @@ def returned_optimizer_run(python: str, stage: int, loop: str, log: Path, attemp
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", default="/work/dsref/bin/python", help="a Python with a real DeepSpeed")
-    parser.add_argument("--only", nargs="*", help="case names, loader_order, bf16_steps, bf16_states and "
+    parser.add_argument("--only", nargs="*", help="case names, loader_order, bf16_steps, bf16_states, muon_steps and "
                                                    "returned_optimizer among them (default: all)")
     parser.add_argument("--log", default="/tmp/record_deepspeed_losses.log")
     options = parser.parse_args()
@@ -262,6 +275,11 @@ def main() -> int:
                   "worker": BF16_WORKER, **record_bf16_steps(options.python, Path(options.log))}
         (out_dir / "bf16_steps.json").write_text(json.dumps(record, indent=1) + "\n")
         print("bf16_steps: recorded stages", sorted(record["stages"]), flush=True)
+    if not options.only or "muon_steps" in options.only:
+        record = {"case": "muon_steps", "versions": found, "launch": launch, "world_size": WORLD_SIZE,
+                  "worker": MUON_WORKER, **record_muon_steps(options.python, Path(options.log))}
+        (out_dir / "muon_steps.json").write_text(json.dumps(record, indent=1) + "\n")
+        print("muon_steps: recorded stages", sorted(record["stages"]), flush=True)
     if not options.only or "bf16_states" in options.only:
         record = {"case": "bf16_states", "versions": found, "launch": launch, "world_size": WORLD_SIZE,
                   "worker": BF16_STATES_WORKER, **record_bf16_states(options.python, Path(options.log))}

@@ -26,6 +26,7 @@ from launcher.zero.experts.param_groups import configure_moe_param_groups
 from launcher.zero.experts.wiring import check_param_groups, refuse_in_pipeline, set_up_experts
 from launcher.zero.failure import install_from_env
 from launcher.zero.optim import check_master_dtype_support, check_zero_support
+from launcher.zero.optim.muon import MuonWithAdam, shards_of, tag_matrices
 from launcher.zero.optim.no_optimizer import NoOptimizer
 from launcher.zero.parallel.topology import check_autotp_size
 from launcher.zero.pipeline.module import PipelineModule
@@ -75,11 +76,15 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
         params = list(model.parameters())
     # full sizes: a model built under zero.Init is partitioned already (ds_numel), others are before stage 3 runs
     param_count = sum(int(getattr(p, "ds_numel", p.numel())) for p in model.parameters())
+    if cfg.optimizer is not None and cfg.optimizer.type.lower() == "muon":
+        tag_matrices(model)   # DeepSpeed tags the model's parameters whenever the config names Muon
     optimizer, handles_comm = _client_optimizer(optimizer, params, experts, cfg, dist_context)
     context = StrategyContext(config=cfg, dist_context=dist_context, precision=precision,
                               reduce_gradients=not handles_comm, expert_data_contexts=experts.contexts)
     strategy = _strategy_class(cfg, mpu, model)(context)
     strategy.setup(model, optimizer)
+    if isinstance(optimizer, MuonWithAdam):
+        _attach_muon(optimizer, strategy, cfg.zero_stage)
     # DeepSpeed: no optimizer, no scheduler (an evaluation engine)
     scheduler = None if isinstance(optimizer, NoOptimizer) else client_scheduler(lr_scheduler, optimizer, cfg)
     scaler = LossScaler(rules_from_config(cfg.fp16, cfg.zero_stage)) if cfg.fp16.enabled else None
@@ -110,6 +115,14 @@ def _client_optimizer(optimizer, params, experts, cfg, dist_context: DistContext
         raise ConfigError(f"optimizer {type(optimizer).__name__} does its own gradient communication and needs "
                           f"zero_optimization.stage 0 (got {cfg.zero_stage})", hint="set zero_optimization.stage to 0")
     return optimizer, handles_comm
+
+
+def _attach_muon(optimizer: MuonWithAdam, strategy, stage: int) -> None:
+    """Muon learns where its matrices lie in the masters; at ZeRO 1 and 2 it orthogonalizes before the
+    norm, so the clip scales its updates (DeepSpeed's order), at stage 0 in its step."""
+    optimizer.attach_shards(shards_of(strategy))
+    if stage in (1, 2):
+        strategy.before_norm.append(optimizer.orthogonalize_grads)
 
 
 def _strategy_class(cfg, mpu, model) -> type:

@@ -24,23 +24,36 @@ OPTIMIZER_KEYS: dict[str, frozenset | None] = {
     "adagrad": None,   # torch's Adagrad: its arguments are checked when it is built
     "onebitadam": frozenset({"lr", "betas", "eps", "weight_decay", "freeze_step", "comm_backend_name",
                              "cuda_aware", "bias_correction", "amsgrad", "eps_inside_sqrt", "max_grad_norm"}),
+    # DeepSpeed 0.19's Muon (optim/muon.py); other keys are refused, MUON_REFUSED says why for some
+    "muon": frozenset({"lr", "muon_lr", "adam_lr", "momentum", "betas", "eps", "weight_decay", "ns_method",
+                       "adam_w_mode"}),
 }
-NOT_AVAILABLE = ("lion", "muon", "onebitlamb", "zerooneadam")
+NOT_AVAILABLE = ("lion", "onebitlamb", "zerooneadam")
+# Muon keys with a reason of their own: DeepSpeed reads them, or silently ignores them
+MUON_REFUSED = {
+    "ns_steps": "DeepSpeed 0.19 ignores it (always 5 Newton-Schulz steps): remove ns_steps",
+    "nesterov": "DeepSpeed 0.19 ignores it (Muon always uses Nesterov momentum): remove nesterov",
+    "per_head_muon": "per-head orthogonalization is not built in this engine: remove per_head_muon",
+    "torch_adam": "the auxiliary Adam is this engine's own: remove torch_adam",
+    "fp32_optimizer_states": "Muon keeps fp32 state here: remove fp32_optimizer_states",
+}
 # torch.optim's classes, by their exact (case-sensitive) names, as the factory looks them up
 TORCH_OPTIMIZERS = ("ASGD", "Adadelta", "Adafactor", "Adagrad", "Adam", "AdamW", "Adamax", "LBFGS", "Muon",
                     "NAdam", "RAdam", "RMSprop", "Rprop", "SGD", "SparseAdam")
 TORCH_SCHEDULERS = ("ChainedScheduler", "ConstantLR", "CosineAnnealingLR", "CosineAnnealingWarmRestarts",
                     "CyclicLR", "ExponentialLR", "LambdaLR", "LinearLR", "MultiStepLR", "MultiplicativeLR",
                     "OneCycleLR", "PolynomialLR", "ReduceLROnPlateau", "SequentialLR", "StepLR")
-ZERO_TESTED_OPTIMIZERS = ("Adam", "AdamW", "Adagrad", "OnebitAdam", "CPUAdam", "DeepSpeedCPUAdam")
+ZERO_TESTED_OPTIMIZERS = ("Adam", "AdamW", "Adagrad", "OnebitAdam", "CPUAdam", "DeepSpeedCPUAdam", "MuonWithAdam")
 # the class each DeepSpeed name builds (what check_zero_support sees)
-_BUILT_CLASS = {"adam": "AdamW", "adamw": "AdamW", "lamb": "Lamb", "adagrad": "Adagrad", "onebitadam": "OnebitAdam"}
+_BUILT_CLASS = {"adam": "AdamW", "adamw": "AdamW", "lamb": "Lamb", "adagrad": "Adagrad", "onebitadam": "OnebitAdam",
+                "muon": "MuonWithAdam"}
 
 
 def check_without_model(config: ZeroConfig) -> None:
     """Raise the ConfigError `initialize` would raise for the config's optimizer and scheduler."""
     if config.optimizer is not None:
         _check_optimizer(config.optimizer, config.zero_stage, config.zero_allow_untested_optimizer)
+        _check_muon(config)
     if config.scheduler is not None:
         _check_scheduler(config.scheduler)
 
@@ -48,6 +61,24 @@ def check_without_model(config: ZeroConfig) -> None:
 def check_optimizer_section(config: ZeroConfig) -> None:
     """The config's optimizer section alone (``initialize`` checks it before the rendezvous)."""
     _check_optimizer(config.optimizer, config.zero_stage, config.zero_allow_untested_optimizer)
+    _check_muon(config)
+
+
+def _check_muon(config: ZeroConfig) -> None:
+    """What this engine's Muon does not build yet, refused by name (DeepSpeed 0.19 runs some of it)."""
+    if config.optimizer is None or config.optimizer.type.lower() != "muon":
+        return
+    fix = 'or use "AdamW"'
+    if config.zero_stage == 3:
+        raise ConfigError("optimizer Muon: ZeRO stage 3 is not built in this engine",
+                          hint=f"use zero_optimization.stage 0, 1 or 2 {fix} (DeepSpeed's stage 3 also needs "
+                               "reduce_scatter false)")
+    if config.zero_optimization.offload_optimizer_active:
+        raise ConfigError("optimizer Muon: zero_optimization.offload_optimizer is not built in this engine",
+                          hint=f"remove offload_optimizer {fix}")
+    if config.fp16.enabled or config.bf16.enabled:
+        raise ConfigError("optimizer Muon: only fp32 training is built in this engine",
+                          hint=f"disable fp16 / bf16 {fix}")
 
 
 def check_scheduler_section(config: ZeroConfig) -> None:
@@ -65,6 +96,13 @@ def _check_optimizer(spec: NamedConfig, stage: int, allow_untested: bool) -> Non
                           hint=_close(spec.type, ["Adam", "AdamW", "Lamb", "OneBitAdam", *TORCH_OPTIMIZERS])
                           or "use Adam, AdamW, Lamb, OneBitAdam or a torch.optim class name (case-sensitive)")
     accepted = OPTIMIZER_KEYS.get(name)
+    if name == "muon":
+        for key in spec.params:
+            if key in MUON_REFUSED:
+                raise ConfigError(f"optimizer.params: Muon: '{key}' is not taken", hint=MUON_REFUSED[key])
+        if spec.params.get("ns_method", "gram") not in ("gram", "standard"):
+            raise ConfigError(f"optimizer.params.ns_method: {spec.params['ns_method']!r} is not a Newton-Schulz "
+                              "method", hint="use 'gram' (the default) or 'standard'")
     if accepted is not None:
         _check_keys(spec, accepted, "optimizer")
     if name == "onebitadam" and stage != 0:

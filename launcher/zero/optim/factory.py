@@ -60,7 +60,12 @@ def build_optimizer(spec, params, process_group=None, offload: bool = False,
         if name in ("onebitadam",):
             module = importlib.import_module("launcher.zero.optim.onebit")
             return module.OnebitAdam(params, process_group=process_group, **kwargs)
-        if name in ("lion", "muon", "onebitlamb", "zerooneadam"):
+        if name == "muon":
+            from launcher.zero.optim.muon import MuonWithAdam, muon_param_groups
+
+            adam_w_mode = kwargs.pop("adam_w_mode", True)
+            return MuonWithAdam(muon_param_groups(params, kwargs), adam_w_mode=adam_w_mode)
+        if name in ("lion", "onebitlamb", "zerooneadam"):
             raise ConfigError(f"optimizer.type: '{spec.type}' is not available in this engine",
                               hint="use Adam, AdamW, Lamb, OneBitAdam or a torch.optim class name")
         cls = getattr(torch.optim, spec.type, None)

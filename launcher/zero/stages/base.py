@@ -115,6 +115,9 @@ class ZeroStrategy(ABC):
         self.module: torch.nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self.hooks: list = []     # handles on the module and its parameters, removed by destroy()
+        #: called by prepare_master_grads once the masters hold their gradients, before any norm:
+        #: an optimizer whose clip sees what it makes of them (DeepSpeed's Muon at ZeRO 1 and 2)
+        self.before_norm: list = []
 
     # ---- set-up -------------------------------------------------------------------------
     @abstractmethod

@@ -182,6 +182,8 @@ class WholeParamsStrategy(ZeroStrategy):
     # ---- the step ------------------------------------------------------------------------
     def prepare_master_grads(self) -> None:
         self.placement.give_grads(self.masters, [self.reduction.owned(p) for p in range(len(self.groups))])
+        for call in self.before_norm:
+            call()
 
     def master_tensors(self) -> list[torch.Tensor]:
         return list(self.masters)

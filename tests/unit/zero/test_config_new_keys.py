@@ -96,14 +96,31 @@ def test_those_keys_are_type_checked_like_every_key(bad, key):
         load_config({**BASE, **bad})
 
 
-def test_the_muon_optimizer_type_is_refused_by_name():
-    """Not built here yet (another change may build DeepSpeed 0.19's Muon): refused before any rank
-    starts, naming the type."""
+def muon(params=None, **sections):
+    return load_config({**BASE, "optimizer": {"type": "Muon", "params": params or {"lr": 0.02}}, **sections})
+
+
+def test_the_muon_optimizer_type_is_taken_with_its_muon_lr_adam_lr_split():
     from launcher.zero.config.checks import check_without_model
 
-    config = load_config({**BASE, "optimizer": {"type": "Muon", "params": {"lr": 0.02}}})
-    with pytest.raises(ConfigError, match="optimizer.type: 'Muon'"):
-        check_without_model(config)
+    check_without_model(muon({"muon_lr": 0.02, "adam_lr": 3e-4, "momentum": 0.9, "betas": [0.9, 0.95],
+                              "eps": 1e-10, "weight_decay": 0.01, "ns_method": "standard"}))
+
+
+@pytest.mark.parametrize("config, message", [
+    (lambda: muon({"ns_steps": 7}), "'ns_steps' is not taken"),
+    (lambda: muon({"per_head_muon": True}), "'per_head_muon' is not taken"),
+    (lambda: muon({"muon_learning_rate": 0.1}), "takes no argument 'muon_learning_rate'"),
+    (lambda: muon({"ns_method": "svd"}), "ns_method: 'svd'"),
+    (lambda: muon(zero_optimization={"stage": 3}), "ZeRO stage 3 is not built"),
+    (lambda: muon(zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"}}), "offload_optimizer"),
+    (lambda: muon(bf16={"enabled": True}), "only fp32"),
+])
+def test_what_muon_does_not_build_is_refused_by_name_before_any_rank_starts(config, message):
+    from launcher.zero.config.checks import check_without_model
+
+    with pytest.raises(ConfigError, match=message):
+        check_without_model(config())
 
 
 def test_tensor_parallel_autotp_size_without_a_tensor_split_model_is_refused_at_initialize():
