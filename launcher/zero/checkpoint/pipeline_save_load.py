@@ -5,11 +5,16 @@
     save_dir/<tag>/layer_<ii>-model_<mm>-model_states.pt       a layer's fp32 tensors (+ partition dims)
     save_dir/<tag>/tied_<key>-model_<mm>-model_states.pt       a tied module, saved by its first stage
     save_dir/<tag>/optim_pipe_<ss>_model_<mm>.pt               optimizer, scheduler, counters
+    save_dir/<tag>/digests.json                               size and sha256 of every file (digest.py)
 
 Data rank 0 of each (stage, tensor) pair writes; at ZeRO stage 1 the data ranks' slices of the
 optimizer state are gathered into it first (saved whole), so any data-parallel size loads it directly. Layer files are per global layer index, so another pipeline
 size loads the weights too (the optimizer state needs the same stages); another tensor size goes
 through ``dslaunch-zero-to-fp32``. Written under a temporary name and renamed, ``latest`` last.
+Each rank digests the files it wrote; rank 0 gathers them into ``digests.json``. At load every rank
+checks the files it reads against it (rank 0 also stats every listed file); a damaged tag reached
+through ``latest`` gives way to the newest intact one, said once by rank 0; a damaged tag asked for
+by name is a CheckpointDamagedError naming the file.
 """
 from __future__ import annotations
 
@@ -17,11 +22,14 @@ import json
 import os
 import shutil
 
+import sys
+
 import torch
 import torch.distributed as dist
 
+from launcher.zero.checkpoint import digest
 from launcher.zero.checkpoint import format as fmt
-from launcher.zero.errors import CheckpointError
+from launcher.zero.errors import CheckpointDamagedError, CheckpointError
 
 
 def layer_file(index: int, model_rank: int) -> str:
@@ -81,9 +89,12 @@ def save(engine, save_dir, tag=None, client_state=None, save_latest: bool = True
         shutil.rmtree(staging, ignore_errors=True)
         os.makedirs(staging)
     dist.barrier()
+    written = {}
     for name, payload in _owned_files(engine, exclude_frozen_parameters).items():
         torch.save(payload, os.path.join(staging, name))
-    dist.barrier()
+        written[name] = digest.file_digest(os.path.join(staging, name))
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, written)   # also the barrier: every rank's files are written
     if engine.global_rank == 0:
         topo = engine.grid.topology()
         metadata = {"format": fmt.FORMAT_VERSION, "kind": "pipeline", "tag": tag,
@@ -94,6 +105,10 @@ def save(engine, save_dir, tag=None, client_state=None, save_latest: bool = True
         torch.save({"client_state": client_state or {}}, os.path.join(staging, "client_state.pt"))
         with open(os.path.join(staging, fmt.METADATA), "w", encoding="utf-8") as handle:
             json.dump(metadata, handle, indent=1)
+        files = {name: entry for rank_files in every for name, entry in rank_files.items()}
+        for name in ("client_state.pt", fmt.METADATA):
+            files[name] = digest.file_digest(os.path.join(staging, name))
+        digest.write_manifest(staging, files)   # the tag's last file, before the folder is published
         _replace(staging, os.path.join(save_dir, tag))
         if save_latest:
             latest = os.path.join(save_dir, f".{fmt.LATEST}.tmp")
@@ -121,7 +136,7 @@ def load(engine, load_dir, tag=None, load_module_strict: bool = True, load_optim
     resolved = fmt.resolve_tag(load_dir, tag)
     if resolved is None:
         return None, None
-    path = fmt.tag_dir(load_dir, resolved)
+    path = _intact_tag(engine, load_dir, resolved, explicit=tag is not None)
     metadata = fmt.read_metadata(path)
     if metadata.get("kind") != "pipeline":
         raise CheckpointError(f"{path}: not a pipeline checkpoint", hint="consolidate it with dslaunch-zero-to-fp32 "
@@ -185,10 +200,71 @@ def _load_optimizer(engine, path: str, saved: dict) -> None:
 
 
 def _read(path: str, name: str):
+    """One file of the tag (load's _intact_tag checked it against its digest first)."""
     full = os.path.join(path, name)
     if not os.path.isfile(full):
         raise CheckpointError(f"{full}: missing", hint="the checkpoint is incomplete or from another model")
     return torch.load(full, map_location="cpu", weights_only=False)
+
+
+def _intact_tag(engine, load_dir: str, tag: str, explicit: bool) -> str:
+    """The tag asked for, else (from 'latest') the newest intact one. Every rank checks the files it
+    will read (rank 0 also that every listed file is there at its size), then the ranks agree, so all
+    of them load the same tag; one message for the job, from rank 0."""
+    candidates = [tag] if explicit else [tag] + [t for t in digest.tags_newest_first(load_dir) if t != tag]
+    damaged: list[tuple[str, str]] = []
+    for candidate in candidates:
+        path = fmt.tag_dir(load_dir, candidate)
+        try:
+            _check_mine(engine, path)
+            problem = ""
+        except CheckpointDamagedError as error:
+            problem = str(error)
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, problem)
+        problems = [p for p in every if p]
+        if not problems:
+            if engine.global_rank == 0:
+                _say_what_was_loaded(load_dir, candidate, path, damaged)
+            return path
+        if explicit:
+            raise CheckpointDamagedError(f"checkpoint '{tag}' is damaged: {problems[0]}",
+                                         hint="restore the file from a copy, or load another tag (without tag= "
+                                              "load_checkpoint takes the newest intact one)")
+        damaged.append((candidate, problems[0]))
+    listed = "; ".join(f"'{t}': {p}" for t, p in damaged)
+    raise CheckpointDamagedError(f"no intact checkpoint in {load_dir}: {listed}",
+                                 hint="restore the damaged files from a copy, or start without load_checkpoint")
+
+
+def _say_what_was_loaded(load_dir: str, tag: str, path: str, damaged: list) -> None:
+    if damaged:
+        skipped = "; ".join(f"'{t}' is damaged: {p}" for t, p in damaged)
+        _warn(f"checkpoint in {load_dir}: {skipped}; loaded '{tag}', the newest intact checkpoint")
+    if not os.path.isfile(os.path.join(path, digest.MANIFEST)):
+        _warn(f"checkpoint {path} has no {digest.MANIFEST} (saved before checkpoints carried digests): loaded "
+              "without verification")
+
+
+def _warn(text: str) -> None:
+    print(f"[zero] rank 0: warning: {text}", file=sys.stderr, flush=True)
+
+
+def _check_mine(engine, path: str) -> None:
+    """This rank's files of ``path`` against the manifest (none for a tag saved before digests)."""
+    files = digest.read_manifest(path)
+    if files is None:
+        return
+    if engine.global_rank == 0:
+        digest.check_listing(path, files)
+    model_rank = engine.grid.get_model_parallel_rank()
+    mine = [layer_file(i, model_rank) for i in engine.module.stage_layers(engine.stage_id)]
+    mine += [tied_file(key, model_rank) for key in engine.module.tied_modules]
+    # its own stage's optimizer file, or stage 0's (another pipeline layout reads the counters there)
+    mine += [optim_file(engine.stage_id, model_rank), optim_file(0, model_rank), "client_state.pt", fmt.METADATA]
+    for name in mine:
+        if name in files:
+            digest.check_file(os.path.join(path, name), files[name])
 
 
 def consolidate(path: str, metadata: dict) -> dict:
