@@ -226,30 +226,39 @@ class MuonWithAdam(torch.optim.Optimizer):
         param.add_(update.reshape(param.shape), alpha=-group["lr"])
 
     def _partition_update(self, master: torch.Tensor, shard: MatrixShard, group: dict) -> torch.Tensor:
-        """The Muon update of this rank's range: whole matrices' gradients gathered, each matrix that
-        reaches into the range orthogonalized, its part of the range kept."""
+        """The Muon update of this rank's range: whole matrices' gradients and momenta gathered, each
+        matrix that reaches into the range orthogonalized, its part of the range kept.
+
+        The momentum is kept element for element like the master (DeepSpeed keeps one flat buffer over
+        the matrices a rank touches): a checkpoint then cuts it per parameter slice as it cuts Adam's
+        moments, and resumes at any world size. A matrix's momentum is the same arithmetic on every
+        rank, so the losses are DeepSpeed's bit for bit; the price is the momentum in the all-gather."""
         local = master.grad.reshape(-1)
+        state = self.state[master]
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(local)
+        kept = state["momentum_buffer"].view(-1)
         context = shard.dist_context
         if context is None:
-            whole, base = local, shard.low
-        else:
-            whole = torch.empty(local.numel() * context.world_size, dtype=local.dtype, device=local.device)
-            all_gather_into(whole, local, context)
-            base = 0
-        touched = [slot for slot in shard.slots if slot.offset < shard.high and slot.offset + slot.numel > shard.low]
-        state = self.state[master]
-        if "momentum_buffer" not in state:   # one flat buffer over the touched matrices, as DeepSpeed keeps it
-            state["momentum_buffer"] = torch.zeros(sum(s.numel for s in touched), dtype=local.dtype, device=local.device)
+            grads, momenta, base = local, kept, shard.low
+        else:   # one all-gather of (gradient, momentum) per rank
+            pair = torch.stack((local, kept.to(local.dtype)))
+            whole = torch.empty(pair.numel() * context.world_size, dtype=local.dtype, device=local.device)
+            all_gather_into(whole, pair.reshape(-1), context)
+            whole = whole.view(context.world_size, 2, -1)
+            grads, momenta, base = whole[:, 0].reshape(-1), whole[:, 1].reshape(-1), 0
         update = torch.zeros_like(local)
-        position = 0
-        for slot in touched:
+        for slot in shard.slots:
+            if not (slot.offset < shard.high and slot.offset + slot.numel > shard.low):
+                continue
             start = slot.offset - base
-            grad = whole[start:start + slot.numel].clone().view(slot.shape)
-            momentum = state["momentum_buffer"][position:position + slot.numel].view(slot.shape)
+            grad = grads[start:start + slot.numel].clone().view(slot.shape)
+            momentum = momenta[start:start + slot.numel].clone().view(slot.shape)
             direction = muon_direction(grad, momentum, group["momentum"], group["ns_method"]).reshape(-1)
             low, high = max(shard.low, slot.offset), min(shard.high, slot.offset + slot.numel)
-            update[low - shard.low:high - shard.low] = direction[low - slot.offset:high - slot.offset]
-            position += slot.numel
+            mine, theirs = slice(low - shard.low, high - shard.low), slice(low - slot.offset, high - slot.offset)
+            update[mine] = direction[theirs]
+            kept[mine] = momentum.reshape(-1)[theirs]
         return update
 
     def _adam_step(self, param: torch.Tensor, group: dict) -> None:
