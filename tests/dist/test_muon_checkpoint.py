@@ -1,5 +1,5 @@
 """Muon's checkpoints resume exactly (issue 41): save after 3 steps, load into a fresh engine, and the
-continued losses are the uninterrupted run's, at stages 0-2 on 2 ranks; the same checkpoints load on
+continued losses are the uninterrupted run's, at stages 0-3 on 2 ranks; the same checkpoints load on
 1 rank and continue within float rounding (the ranks' gradient sums are added in another order).
 
 Muon's momentum is a matrix's, and a rank's master may cut a matrix anywhere: the checkpoint must
@@ -12,7 +12,7 @@ from tests.helpers.world import REPO, check, run_world
 
 WORKER = REPO / "tests" / "dist" / "workers" / "muon_ckpt_worker.py"
 LAUNCH = ("--as-deepspeed", "--no_local_rank")   # the worker borrows the DeepSpeed-style recorded model
-STAGES = (0, 1, 2)
+STAGES = (0, 1, 2, 3)
 RESHARD_TOLERANCE = 1e-6
 
 
@@ -35,7 +35,11 @@ def test_resume_on_two_ranks_is_exact(two_ranks, stage):
 
 def test_momentum_is_saved_per_parameter_slice(two_ranks):
     root, _ = two_ranks
-    shard = torch.load(root / "stage2" / "mid" / "rank_1_shard.pt", weights_only=False)
+    for stage in (2, 3):
+        _check_momentum_slices(torch.load(root / f"stage{stage}" / "mid" / "rank_1_shard.pt", weights_only=False))
+
+
+def _check_momentum_slices(shard):
     matrices = [r for r in shard["fragments"] if r["name"] in ("hidden.weight", "out.weight")]
     assert matrices
     for record in matrices:

@@ -25,12 +25,19 @@ from launcher import zero  # noqa: E402
 STEPS, SAVE_AT, MICRO, GLOBAL_MICROS = 8, 3, 4, 4   # 4 micro-batches of 4 samples per step, whatever the world
 
 
+def zero_section(stage: int) -> dict:
+    """Stage 3 as DeepSpeed takes Muon (reduce_scatter false), every matrix partitioned (persistence 0)."""
+    if stage == 3:
+        return {"stage": 3, "reduce_scatter": False, "stage3_param_persistence_threshold": 0}
+    return {"stage": stage}
+
+
 def session(mode: str, folder: str, stage: int, rank: int, world: int) -> dict:
     torch.manual_seed(0)
     model = Net()
     gas = GLOBAL_MICROS // world
     config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": gas,
-              "zero_optimization": {"stage": stage}, "steps_per_print": 1000,
+              "zero_optimization": zero_section(stage), "steps_per_print": 1000,
               "optimizer": {"type": "Muon", "params": {"muon_lr": 0.02, "adam_lr": 5e-3, "momentum": 0.9,
                                                         "betas": [0.9, 0.99], "eps": 1e-8, "weight_decay": 0.01}}}
     engine, _, _, _ = zero.initialize(model=model, config=config)
