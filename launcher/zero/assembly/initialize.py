@@ -118,10 +118,10 @@ def _client_optimizer(optimizer, params, experts, cfg, dist_context: DistContext
 
 
 def _attach_muon(optimizer: MuonWithAdam, strategy, stage: int) -> None:
-    """Muon learns where its matrices lie in the masters; at ZeRO 1 and 2 it orthogonalizes before the
+    """Muon learns where its matrices lie in the masters; at ZeRO 1-3 it orthogonalizes before the
     norm, so the clip scales its updates (DeepSpeed's order), at stage 0 in its step."""
     optimizer.attach_shards(shards_of(strategy))
-    if stage in (1, 2):
+    if stage in (1, 2, 3):
         strategy.before_norm.append(optimizer.orthogonalize_grads)
 
 

@@ -94,6 +94,12 @@ def _check_supported(cfg) -> None:
     if cfg.compile.enabled:
         raise NotSupportedError("compile.enabled with pipeline parallelism is not supported",
                                 hint="remove the compile section (the pipeline engine runs its stages eagerly)")
+    if cfg.optimizer is not None and cfg.optimizer.type.lower() == "muon":
+        # Muon orthogonalizes whole matrices; the pipeline engine's optimizer (and its stage 1 shard)
+        # sees flat slices and no matrix tags, so it is refused here rather than failing when built
+        raise ConfigError(f"optimizer.type '{cfg.optimizer.type}' with pipeline parallelism (a PipelineModule) "
+                          "is not built in this engine", hint='use "AdamW" for a pipeline, or train the model '
+                                                            "without PipelineModule to use Muon")
     if cfg.zero_stage > 1:
         raise ConfigError(f"zero_optimization.stage {cfg.zero_stage} with pipeline parallelism is not supported "
                           "(pipelines run ZeRO stages 0-1 over the data axis, DeepSpeed's limit too)",

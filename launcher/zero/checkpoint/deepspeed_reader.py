@@ -228,6 +228,7 @@ class DeepSpeedCheckpoint:
             per_group = [base["state"].get(group["params"][0], {}) for group in base["param_groups"]]
         else:                        # elastic_checkpoint: one lean state a group, the step beside it
             per_group = [dict(state, step=saved.get("base_optimizer_state_step", 0)) for state in base]
+        _refuse_muon_momentum(per_group, partitions, name)
         split = [_split_state([state]) for state in per_group]
         return list(partitions), [s for s, _ in split], [c for _, c in split]
 
@@ -334,6 +335,19 @@ class DeepSpeedCheckpoint:
             raise DeepSpeedCheckpointError(f"{path}: key '{key}' is missing",
                                            hint="the file is not one DeepSpeed 0.19.8 wrote, or it is damaged")
         return mapping[key]
+
+
+def _refuse_muon_momentum(per_group: list[dict], partitions, name: str) -> None:
+    """DeepSpeed's Muon at ZeRO 1-2 keeps one flat momentum over the whole matrices a rank touches, not
+    over its partition: cut like Adam's moments it would land on the wrong elements, so it is refused."""
+    for index, (state, partition) in enumerate(zip(per_group, partitions)):
+        momentum = state.get("momentum_buffer")
+        if torch.is_tensor(momentum) and momentum.numel() != partition.numel():
+            raise DeepSpeedCheckpointError(
+                f"{name}: param group {index} holds DeepSpeed's Muon momentum ({momentum.numel()} elements over the "
+                f"matrices the rank touches, its partition has {partition.numel()}), which this engine cannot place",
+                hint="convert it with DeepSpeed's zero_to_fp32.py and load the weights into the model "
+                     "(Muon's momentum starts afresh)")
 
 
 def _split_state(states: list[dict]) -> tuple[dict, dict]:

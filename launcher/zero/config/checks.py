@@ -69,10 +69,10 @@ def _check_muon(config: ZeroConfig) -> None:
     if config.optimizer is None or config.optimizer.type.lower() != "muon":
         return
     fix = 'or use "AdamW"'
-    if config.zero_stage == 3:
-        raise ConfigError("optimizer Muon: ZeRO stage 3 is not built in this engine",
-                          hint=f"use zero_optimization.stage 0, 1 or 2 {fix} (DeepSpeed's stage 3 also needs "
-                               "reduce_scatter false)")
+    if config.zero_stage == 3 and config.zero_optimization.reduce_scatter:
+        # DeepSpeed 0.19 raises "Muon and reduce scatter cannot be used together" at stage 3
+        raise ConfigError("optimizer Muon at ZeRO stage 3 needs zero_optimization.reduce_scatter false "
+                          "(DeepSpeed 0.19 refuses it too)", hint=f'set "reduce_scatter": false {fix}')
     if config.zero_optimization.offload_optimizer_active:
         raise ConfigError("optimizer Muon: zero_optimization.offload_optimizer is not built in this engine",
                           hint=f"remove offload_optimizer {fix}")

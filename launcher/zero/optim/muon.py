@@ -7,11 +7,13 @@ Newton-Schulz iterations, scaled by sqrt(max(1, rows / cols)), applied with deco
 The config's ``muon_lr`` and ``adam_lr`` override the shared ``lr`` for their half.
 
 At ZeRO 1 and 2 a master holds a flat partition that may cut a matrix anywhere, so the step
-all-gathers the group's gradient partitions, orthogonalizes every matrix that reaches into this
-rank's partition, and keeps its own slice (``MatrixShard``, attached after the stage is set up).
-Where that happens follows DeepSpeed, because the gradient clip sees different tensors: at ZeRO 1
-and 2 before the global norm (the clip scales the orthogonalized updates), at stage 0 inside the
-step (the clip scales the raw gradients the momentum takes).
+all-gathers the group's gradient and momentum partitions, orthogonalizes every matrix that reaches
+into this rank's partition, and keeps its own slice (``MatrixShard``, attached after the stage is
+set up). At stage 3 a master holds a shard of each matrix (or a small persistent one whole), and
+the shards are gathered the same way (``PieceShard``; DeepSpeed needs reduce_scatter false there).
+Where that happens follows DeepSpeed, because the gradient clip sees different tensors: at ZeRO 1-3
+before the global norm (the clip scales the orthogonalized updates), at stage 0 inside the step
+(the clip scales the raw gradients the momentum takes).
 """
 from __future__ import annotations
 
@@ -151,15 +153,72 @@ def muon_direction(grad: torch.Tensor, momentum: torch.Tensor, beta: float, ns_m
     return torch.where(finite, update.to(grad.dtype), grad)
 
 
+def _gather_pairs(grad: torch.Tensor, momentum: torch.Tensor, context) -> torch.Tensor:
+    """Every rank's (gradient, momentum) of one master in one all-gather: shape (ranks, 2, numel)."""
+    pair = torch.stack((grad, momentum.to(grad.dtype)))
+    whole = torch.empty(pair.numel() * context.world_size, dtype=grad.dtype, device=grad.device)
+    all_gather_into(whole, pair.reshape(-1), context)
+    return whole.view(context.world_size, 2, -1)
+
+
 @dataclass(frozen=True)
 class MatrixShard:
-    """A Muon master's place in its group's flat buffer: the parameters' slots, this rank's range
-    [low, high), and the ranks to gather the other partitions from (None: the master is whole)."""
+    """A stage 0-2 Muon master's place in its group's flat buffer: the parameters' slots, this rank's
+    range [low, high), and the ranks to gather the other partitions from (None: the master is whole)."""
 
     slots: tuple          # ParamSlot: offset, numel, shape
     low: int
     high: int
     dist_context: object = None
+
+    def update(self, local: torch.Tensor, kept: torch.Tensor, beta: float, ns_method: str) -> torch.Tensor:
+        """This range's Muon update; ``kept`` (the range's momentum) is advanced in place."""
+        if self.dist_context is None:
+            grads, momenta, base = local, kept, self.low
+        else:
+            whole = _gather_pairs(local, kept, self.dist_context)
+            grads, momenta, base = whole[:, 0].reshape(-1), whole[:, 1].reshape(-1), 0
+        update = torch.zeros_like(local)
+        for slot in self.slots:
+            low, high = max(self.low, slot.offset), min(self.high, slot.offset + slot.numel)
+            if low >= high:
+                continue
+            start = slot.offset - base
+            grad = grads[start:start + slot.numel].clone().view(slot.shape)
+            momentum = momenta[start:start + slot.numel].clone().view(slot.shape)
+            direction = muon_direction(grad, momentum, beta, ns_method).reshape(-1)
+            mine, theirs = slice(low - self.low, high - self.low), slice(low - slot.offset, high - slot.offset)
+            update[mine] = direction[theirs]
+            kept[mine] = momentum.reshape(-1)[theirs]
+        return update
+
+
+@dataclass(frozen=True)
+class PieceShard:
+    """A stage 3 Muon master: each parameter's piece of it (Stage3Slot), a shard of the matrix or,
+    for a persistent one, the whole matrix; and the ranks holding the other shards (None: one rank)."""
+
+    slots: tuple          # Stage3Slot: offset, length, numel, shape, persistent, param_start, param_end
+    dist_context: object = None
+
+    def update(self, local: torch.Tensor, kept: torch.Tensor, beta: float, ns_method: str) -> torch.Tensor:
+        """This rank's pieces of the Muon updates; ``kept`` (their momentum) is advanced in place."""
+        sharded = [slot for slot in self.slots if not slot.persistent]
+        whole = _gather_pairs(local, kept, self.dist_context) if sharded and self.dist_context else None
+        update = torch.zeros_like(local)
+        for slot in self.slots:
+            if whole is None or slot.persistent:   # the whole matrix is here (gradients all-reduced)
+                mine, theirs = slice(slot.offset, slot.offset + slot.numel), slice(0, slot.numel)
+                grad, momentum = local[mine].clone(), kept[mine].clone()
+            else:   # every rank's shard, padding cut off
+                mine, theirs = slice(slot.offset, slot.offset + slot.covered), slice(slot.param_start, slot.param_end)
+                pieces = whole[:, :, slot.offset:slot.offset + slot.length]
+                grad = pieces[:, 0].reshape(-1)[:slot.numel].clone()
+                momentum = pieces[:, 1].reshape(-1)[:slot.numel].clone()
+            grad, momentum = grad.view(slot.shape), momentum.view(slot.shape)
+            update[mine] = muon_direction(grad, momentum, beta, ns_method).reshape(-1)[theirs]
+            kept[mine] = momentum.reshape(-1)[theirs]
+        return update
 
 
 class MuonWithAdam(torch.optim.Optimizer):
@@ -225,32 +284,18 @@ class MuonWithAdam(torch.optim.Optimizer):
         param.mul_(1 - group["lr"] * group["weight_decay"])
         param.add_(update.reshape(param.shape), alpha=-group["lr"])
 
-    def _partition_update(self, master: torch.Tensor, shard: MatrixShard, group: dict) -> torch.Tensor:
-        """The Muon update of this rank's range: whole matrices' gradients gathered, each matrix that
-        reaches into the range orthogonalized, its part of the range kept."""
+    def _partition_update(self, master: torch.Tensor, shard, group: dict) -> torch.Tensor:
+        """The Muon update of this rank's part of the matrices (``shard``: MatrixShard or PieceShard).
+
+        The momentum is kept element for element like the master (DeepSpeed keeps one flat buffer over
+        the matrices a rank touches at ZeRO 1-2): a checkpoint then cuts it per parameter slice as it
+        cuts Adam's moments, and resumes at any world size. Each matrix's gradient and momentum are
+        gathered whole and advanced by the same arithmetic on every rank that holds a part of it."""
         local = master.grad.reshape(-1)
-        context = shard.dist_context
-        if context is None:
-            whole, base = local, shard.low
-        else:
-            whole = torch.empty(local.numel() * context.world_size, dtype=local.dtype, device=local.device)
-            all_gather_into(whole, local, context)
-            base = 0
-        touched = [slot for slot in shard.slots if slot.offset < shard.high and slot.offset + slot.numel > shard.low]
         state = self.state[master]
-        if "momentum_buffer" not in state:   # one flat buffer over the touched matrices, as DeepSpeed keeps it
-            state["momentum_buffer"] = torch.zeros(sum(s.numel for s in touched), dtype=local.dtype, device=local.device)
-        update = torch.zeros_like(local)
-        position = 0
-        for slot in touched:
-            start = slot.offset - base
-            grad = whole[start:start + slot.numel].clone().view(slot.shape)
-            momentum = state["momentum_buffer"][position:position + slot.numel].view(slot.shape)
-            direction = muon_direction(grad, momentum, group["momentum"], group["ns_method"]).reshape(-1)
-            low, high = max(shard.low, slot.offset), min(shard.high, slot.offset + slot.numel)
-            update[low - shard.low:high - shard.low] = direction[low - slot.offset:high - slot.offset]
-            position += slot.numel
-        return update
+        if "momentum_buffer" not in state:
+            state["momentum_buffer"] = torch.zeros_like(local)
+        return shard.update(local, state["momentum_buffer"].view(-1), group["momentum"], group["ns_method"])
 
     def _adam_step(self, param: torch.Tensor, group: dict) -> None:
         grad = param.grad if self.adam_w_mode else param.grad.add(param, alpha=group["weight_decay"])
@@ -272,7 +317,9 @@ class MuonWithAdam(torch.optim.Optimizer):
 
 
 def shards_of(strategy) -> dict:
-    """Each Muon master of a stage 0-2 strategy -> its MatrixShard (master id as the key)."""
+    """Each Muon master of a strategy -> its MatrixShard (stages 0-2) or PieceShard (stage 3), by id."""
+    if strategy.context.config.zero_stage == 3:
+        return _stage3_shards(strategy)
     shards = {}
     for group, master in zip(strategy.groups, strategy.masters):
         if not strategy.optimizer.param_groups[group.index].get("use_muon"):
@@ -282,4 +329,16 @@ def shards_of(strategy) -> dict:
         gathered = strategy.partitioning.sharded and context.world_size > 1
         shards[id(master)] = MatrixShard(slots=tuple(group.layout.slots), low=low, high=high,
                                          dist_context=context if gathered else None)
+    return shards
+
+
+def _stage3_shards(strategy) -> dict:
+    context = strategy.context.dist_context
+    position = {id(master): index for index, master in enumerate(strategy.masters)}
+    shards = {}
+    for group in strategy.optimizer.param_groups:
+        if group.get("use_muon"):
+            for master in group["params"]:
+                shards[id(master)] = PieceShard(slots=tuple(strategy.group_slots[position[id(master)]]),
+                                                dist_context=context if context.world_size > 1 else None)
     return shards

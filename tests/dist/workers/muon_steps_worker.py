@@ -1,7 +1,7 @@
 """DeepSpeed 0.19's Muon optimizer at a ZeRO stage, per-step losses (issue 41).
 
 Written as a DeepSpeed script (``import deepspeed``): it runs unchanged under a real DeepSpeed and under
-``dslaunch --as-deepspeed``. ``muon_steps_worker.py STAGE [--out DIR]``: a small fp32 model whose
+``dslaunch --as-deepspeed``. ``muon_steps_worker.py STAGE [--out DIR] [--persistence N]``: a small fp32 model whose
 parameters fall on both sides of Muon's split (matrices get Muon; biases and the layer named ``embed``
 get the auxiliary Adam), 8 optimizer steps of 2 micro-batches of 4 samples per rank, with separate
 ``muon_lr`` / ``adam_lr``. Rank 0 prints ``RESULT {"losses": [...], "weights": [...]}``: per step the
@@ -36,10 +36,12 @@ def data(world: int):
     return x, y
 
 
-def main(stage: int, out=None):
+def main(stage: int, out=None, persistence=None):
     torch.manual_seed(0)
     model = Net()
     zero = {"stage": stage, **({"reduce_scatter": False} if stage == 3 else {})}
+    if persistence is not None:   # stage 3: partition even these small matrices (the default keeps them whole)
+        zero["stage3_param_persistence_threshold"] = persistence
     config = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS,
               "zero_optimization": zero, "steps_per_print": 1000,
               "optimizer": {"type": "Muon", "params": {"muon_lr": 0.02, "adam_lr": 5e-3, "momentum": 0.9,
@@ -70,4 +72,5 @@ def main(stage: int, out=None):
 if __name__ == "__main__":
     argv = sys.argv[1:]
     out = argv[argv.index("--out") + 1] if "--out" in argv else None
-    main(int(argv[0]), out)
+    persistence = int(argv[argv.index("--persistence") + 1]) if "--persistence" in argv else None
+    main(int(argv[0]), out, persistence)

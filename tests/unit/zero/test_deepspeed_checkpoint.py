@@ -187,3 +187,20 @@ def test_zero_to_fp32_of_ours_reads_a_deepspeed_folder(case):
     state = get_fp32_state_dict_from_zero_checkpoint(SWITCH / case)
     assert list(state) == NAMES and all(value.dtype == torch.float32 for value in state.values())
     assert all(torch.equal(state[name], reader(case).full_fp32_params()[name]) for name in NAMES)
+
+
+def test_deepspeeds_muon_momentum_at_stage_2_is_refused_not_misplaced(tmp_path):
+    """DeepSpeed's ZeRO 1-2 Muon momentum spans the whole matrices a rank touches, not its partition."""
+    folder = tmp_path / "global_step4"
+    shutil.copytree(SWITCH / "zero2-fp32-ws2" / "global_step4", folder)
+    name = str(folder / layout.optim_states_name(1, False))
+    saved = layout.load(name, "test")
+    base = saved["optimizer_state_dict"]["base_optimizer_state"]
+    states = base["state"] if isinstance(base, dict) else base
+    first = next(iter(states.values())) if isinstance(states, dict) else states[0]
+    partition = saved["optimizer_state_dict"]["single_partition_of_fp32_groups"][0]
+    first["momentum_buffer"] = torch.zeros(partition.numel() + 3)
+    layout.save(saved, name)
+    with pytest.raises(DeepSpeedCheckpointError, match="DeepSpeed's Muon momentum") as caught:
+        DeepSpeedCheckpoint(str(folder)).shard(1)
+    assert "zero_to_fp32.py" in caught.value.hint

@@ -87,3 +87,10 @@ def test_bf16_master_weights_with_a_pipeline_are_refused_by_name():
     with pytest.raises(NotSupportedError, match="bf16.bf16_master_weights_and_grads with pipeline") as caught:
         zero.initialize(model=_module(), config=config)
     assert "bf16_optimizer_states" in caught.value.hint
+
+
+@pytest.mark.parametrize("stage", [0, 1])
+def test_muon_with_a_pipeline_is_a_config_error_naming_both(stage):
+    with pytest.raises(ConfigError, match="optimizer.type 'Muon' with pipeline parallelism") as caught:
+        zero.initialize(model=_module(), config=_config(stage, optimizer="Muon"))
+    assert "AdamW" in caught.value.hint

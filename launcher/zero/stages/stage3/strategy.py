@@ -393,6 +393,8 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         for master, grad in zip(self.masters, self.grads):
             master.grad = grad if grad.dtype == master.dtype and grad.device == master.device \
                 else grad.to(device=master.device, dtype=master.dtype)
+        for call in self.before_norm:
+            call()
 
     def master_tensors(self) -> list[torch.Tensor]:
         return list(self.masters)
