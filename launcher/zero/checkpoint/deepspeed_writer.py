@@ -76,6 +76,12 @@ def write(gathered: Gathered, save_dir: str, tag: str, target: Target, save_late
     if target.stage not in (0, 1, 2, 3) or target.world_size < 1:
         raise DeepSpeedCheckpointError(f"cannot write ZeRO stage {target.stage} for world size {target.world_size}",
                                        hint="pick a stage of 0-3 and a world size of at least 1")
+    optimizer = (_config(gathered).get("optimizer") or {}).get("type", "")
+    if str(optimizer).lower() == "muon":
+        raise DeepSpeedCheckpointError(
+            "optimizer Muon: its momentum cannot be written in DeepSpeed's layout (DeepSpeed's ZeRO 1-2 Muon keeps "
+            "one momentum over the whole matrices a rank touches; its other stages are not recorded here)",
+            hint="dslaunch-zero-to-fp32 gives the weights for DeepSpeed to load (Muon's momentum starts afresh)")
     path = os.path.join(save_dir, str(tag))
     os.makedirs(path, exist_ok=True)
     if target.stage == 3:

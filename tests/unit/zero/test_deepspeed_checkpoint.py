@@ -204,3 +204,17 @@ def test_deepspeeds_muon_momentum_at_stage_2_is_refused_not_misplaced(tmp_path):
     with pytest.raises(DeepSpeedCheckpointError, match="DeepSpeed's Muon momentum") as caught:
         DeepSpeedCheckpoint(str(folder)).shard(1)
     assert "zero_to_fp32.py" in caught.value.hint
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_a_muon_checkpoint_is_not_written_in_deepspeeds_layout(stage, tmp_path):
+    """Writing ours out for DeepSpeed: Muon's momentum has no recorded DeepSpeed layout here, so the
+    converter refuses by name and writes nothing, rather than a folder DeepSpeed would misread."""
+    source = reader("zero1-fp32-ws2")
+    gathered = writer.gather(source.metadata(), source.model_states(), source.shard)
+    gathered.states["ds_config"] = {**gathered.states.get("ds_config", {}),
+                                    "optimizer": {"type": "Muon", "params": {"lr": 0.02}}}
+    with pytest.raises(DeepSpeedCheckpointError, match="optimizer Muon") as caught:
+        writer.write(gathered, str(tmp_path), "global_step4", writer.Target(2, stage, torch.float32))
+    assert "dslaunch-zero-to-fp32" in caught.value.hint
+    assert not (tmp_path / "global_step4").exists() and not (tmp_path / "latest").exists()
