@@ -9,9 +9,13 @@ gathered parameter are dropped; persistent gradients are all-reduced once per bo
 
 With ``offload_optimizer`` the masters, their gradients and the optimizer state live in
 (pinned) host memory and the step runs on the CPU; with ``offload_param`` the shards do too.
+With ``offload_optimizer.device: nvme`` the masters and Adam's moments live in files instead,
+read and written a chunk at a time around the CPU Adam (nvme_states.py); ``self.masters`` then
+holds placeholders of the right shape, real only inside ``states_resident`` (checkpoints).
 """
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -29,6 +33,10 @@ from launcher.zero.stages.stage3.state import Stage3State
 from launcher.zero.stages.host_memory import host_zeros
 from launcher.zero.stages.placement import copy_in_pieces
 from launcher.zero.stages.base import ZeroStrategy, square_sum as tensor_square_sum
+
+
+#: elements of the widest vector the CPU Adam kernel uses (AVX-512 fp32 x 4): NVMe chunks are multiples
+_VECTOR = 64
 
 
 def stage3_options(zero) -> Stage3Options:
@@ -66,6 +74,7 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         self.offload_optimizer = zero.offload_optimizer_active
         self.offload_param = zero.offload_param is not None and zero.offload_param.active
         pin = bool(self.offload_optimizer and zero.offload_optimizer.pin_memory)
+        self.nvme, self._nvme_resident = self._start_nvme(zero, optimizer), False
         host_grads, grad_dtype = self._place_gradients(zero, optimizer)
         self.master_device = torch.device("cpu") if self.offload_optimizer else ctx.dist_context.device
         self.shard_device = torch.device("cpu") if self.offload_param else ctx.dist_context.device
@@ -85,7 +94,9 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
             whole = [not P.is_partitioned(p) for p in params]
             slots, total = plan_group([names[id(p)] for p in params], [tuple(P.full_shape(p)) for p in params],
                                       whole, ctx.dist_context.world_size, ctx.dist_context.rank)
-            master = self._build_master(params, slots, total, pin)
+            master = self._build_master(params, slots, total, pin and self.nvme is None)
+            if self.nvme is not None:   # to the files; the optimizer steps a placeholder of its shape
+                master = self._master_to_files(master, optimizer, zero.offload_optimizer.nvme_path)
             self.group_slots.append(slots)
             self.group_params.append(params)
             self.masters.append(master)
@@ -96,6 +107,8 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         cuda = ctx.dist_context.device.type == "cuda" and torch.cuda.is_available()
         self._copy_stream = torch.cuda.Stream(device=ctx.dist_context.device) if cuda and host_grads else None
         self.feed = self._start_feed(optimizer, pin) if self.device_grads else None
+        if self.nvme is not None:
+            optimizer.state_feed = self.nvme_feed = self.nvme.feed(self._copy_chunk)
         self.coordinator = ParamCoordinator(module, self.options)
         self.coordinator.install()
         self._overlap_helper = None
@@ -115,6 +128,98 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
                     self._hooks.append(p.register_post_accumulate_grad_hook(
                         lambda param, g=position, s=slot_index: self._on_grad(g, s)))
 
+
+    def _start_nvme(self, zero, optimizer):
+        """offload_optimizer.device nvme: this rank's folder checked, chunks sized to the buffers."""
+        offload = zero.offload_optimizer
+        if not (self.offload_optimizer and offload.device == "nvme"):
+            return None
+        from launcher.zero.stages.nvme_states import NvmeStates, check_folder
+
+        if not hasattr(optimizer, "state_feed"):
+            raise ConfigError(f"zero_optimization.offload_optimizer.device 'nvme' steps with the engine's CPU Adam, "
+                              f"not {type(optimizer).__name__}",
+                              hint='use the config\'s "optimizer": {"type": "AdamW", ...} or '
+                                   'launcher.zero.optim.cpu_adam.CPUAdam')
+        folder = check_folder(offload.nvme_path, self.context.dist_context.rank)
+        # a slot holds one chunk of the master and both moments: buffer_count x buffer_size elements in
+        # all (DeepSpeed sizes its swap buffers by the largest sub group: sub_group_size caps a chunk too)
+        chunk = max(1, min(int(optimizer.chunk_elements), int(zero.sub_group_size), int(offload.buffer_size) // 3))
+        if chunk >= _VECTOR:   # whole vectors a chunk: the kernel's arithmetic then matches one call's
+            chunk -= chunk % _VECTOR
+        optimizer.chunk_elements = chunk
+        return NvmeStates(folder, chunk, int(offload.buffer_count))
+
+    def _master_to_files(self, master, optimizer, nvme_path: str) -> torch.Tensor:
+        """nvme: a group's master and zero moments written whole now (the disk space reserved before
+        training: a disk too small refuses the start, not a later step)."""
+        from launcher.zero.errors import NvmeOffloadError
+
+        try:
+            return self.nvme.add_group(master, optimizer.moment_dtype(master))
+        except NvmeOffloadError as error:
+            raise ConfigError(f"zero_optimization.offload_optimizer.nvme_path {nvme_path!r}: {error}",
+                              hint=f"free space there or pick another folder: this rank's states need at least "
+                                   f"{self.nvme.disk_bytes()} bytes") from None
+
+    def _copy_chunk(self, position: int, start: int, end: int, values: torch.Tensor) -> None:
+        """nvme: an updated master chunk (a host slot, reused next) -> the model's parameters now."""
+        flat = self.flat_params[position]
+        with torch.no_grad():
+            if flat is not None:
+                flat[start:end].copy_(values)
+                return
+            for p, slot in zip(self.group_params[position], self.group_slots[position]):
+                low, high = max(start, slot.offset), min(end, slot.offset + slot.length)
+                if low < high:
+                    target = p.data.view(-1) if slot.persistent else p.ds_state.shard
+                    target[low - slot.offset:high - slot.offset].copy_(values[low - start:high - start])
+
+    def nvme_summary(self) -> str | None:
+        """The start line of NVMe offload: where the states go, bytes on disk per parameter, host slots."""
+        if self.nvme is None:
+            return None
+        nvme, numel = self.nvme, sum(m.numel() for m in self.masters)
+        kinds = nvme.groups[0] if nvme.groups else {}
+        names = " + ".join(f"{k} {dtype}".replace("torch.", "") for k, (_, dtype, _) in kinds.items())
+        slot_bytes = nvme.chunk_numel * sum(dtype.itemsize for _, dtype, _ in kinds.values())
+        return (f"NVMe offload: optimizer states ({names}) in {nvme.folder} (one folder per rank), "
+                f"{nvme.disk_bytes() / max(1, numel):.1f} bytes on disk per parameter ({nvme.disk_bytes()} bytes for "
+                f"this rank's {numel} elements); host memory for them: {nvme.buffer_count} slots (buffer_count) of "
+                f"{nvme.chunk_numel} elements (a third of buffer_size: master and 2 moments a slot; at most sub_group_size), at most "
+                f"{nvme.buffer_count * slot_bytes} bytes; the next chunks are read and the last written back on "
+                "one thread while a chunk updates (pipeline_read/pipeline_write are always on)")
+
+    @contextlib.contextmanager
+    def states_resident(self, write_back: bool):
+        """nvme: the masters and moments read whole into host memory for a checkpoint (DeepSpeed swaps
+        them in to save too), and written back on exit with ``write_back`` (a load); else nothing."""
+        if self.nvme is None or self._nvme_resident:
+            yield
+            return
+        from launcher.zero.stages.nvme_states import MOMENTS
+
+        placeholders = [master.data for master in self.masters]
+        for position, master in enumerate(self.masters):
+            values = self.nvme.read_group(position)
+            master.data = values["master"]
+            state = self.optimizer.state[master]
+            for key in MOMENTS:
+                state[key] = values[key]
+        self._nvme_resident = True
+        try:
+            yield
+            if write_back:
+                for position, master in enumerate(self.masters):
+                    state = self.optimizer.state.get(master, {})
+                    self.nvme.write_group(position, {"master": master.data,
+                                                     **{key: state.get(key) for key in MOMENTS}})
+        finally:
+            self._nvme_resident = False
+            for master, placeholder in zip(self.masters, placeholders):
+                for key in MOMENTS:
+                    self.optimizer.state.get(master, {}).pop(key, None)
+                master.data = placeholder
 
     def _place_gradients(self, zero, optimizer) -> tuple[bool, torch.dtype]:
         """(whether the gradients live in host memory, their dtype); sets ``device_grads`` and ``grads_on_host``.
@@ -226,12 +331,20 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
             master = host_buffer(total, master_dtype, pin)
         else:
             master = torch.zeros(total, dtype=master_dtype, device=self.master_device)
+        position, nvme = len(self.masters), self.nvme
         with torch.no_grad():
             for p, slot in zip(params, slots):
                 view = master[slot.offset:slot.offset + slot.length]
                 source = p.data.reshape(-1) if slot.persistent else p.ds_state.shard
                 view.copy_(source)
-                if source.dtype == master_dtype and source.device == master.device:
+                if nvme is not None:   # the master goes to files: a changed parameter is written there
+                    if slot.persistent:
+                        p.ds_after_modify = lambda param, o=slot.offset: nvme.write_master(
+                            position, o, param.data.reshape(-1))
+                    else:
+                        p.ds_state.on_update.append(lambda param, o=slot.offset: nvme.write_master(
+                            position, o, param.ds_state.shard))
+                elif source.dtype == master_dtype and source.device == master.device:
                     if slot.persistent:
                         p.data = view.view(slot.shape)
                     else:
@@ -412,6 +525,8 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
             super().scale_master_grads(factor)
 
     def after_optimizer_step(self) -> None:
+        if self.nvme is not None and not self._nvme_resident:
+            return   # each chunk went to the parameters as it was updated (_copy_chunk)
         for position, slots in enumerate(self.group_slots):
             self.copy_slots(position, 0, len(slots))
 
@@ -482,11 +597,13 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
             return t.numel() * t.element_size()
         shards = sum(nbytes(p.ds_state.shard) for p in self.module.parameters() if P.is_partitioned(p))
         whole = sum(nbytes(p.data) for p in self.module.parameters() if not P.is_partitioned(p))
-        masters = 0 if self.aliased else sum(nbytes(m) for m in self.masters)
+        masters = 0 if self.aliased or self.nvme is not None else sum(nbytes(m) for m in self.masters)
         parts = {"parameters": shards + whole, "gradients": sum(nbytes(g) for g in self.grads),
                  "master_weights": masters, "optimizer_states": self.optimizer_state_bytes()}
         if self.offload_optimizer:   # the gradients' host buffers: two with overlap_step, or the feed's slots
             host = self.grads + self.spare_grads if self.grads_on_host else []
             parts["gradients"] -= sum(nbytes(g) for g in self.grads) if self.grads_on_host else 0
             parts["host_gradients"] = sum(nbytes(g) for g in host + (self.feed.slots if self.feed else []))
+        if self.nvme is not None:   # the states' host slots; the states themselves are on disk
+            parts["nvme_buffers"] = self.nvme_feed.host_bytes()
         return parts
