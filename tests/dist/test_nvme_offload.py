@@ -92,6 +92,25 @@ def checkpoint_and_removal(rank, world_size, root):
             "folder": os.path.join(root, "a", f"dslaunch-rank{rank}")}
 
 
+def full_disk(rank, world_size, roomy, host):
+    """The disk fills mid-run: the states' space was taken at start, so training goes on unchanged."""
+    import torch.distributed as dist
+    engine, _ = build("nvme", roomy)
+    losses = train(engine, rank, world_size, 0, 3)
+    filled = 0
+    fd = os.open(os.path.join(roomy, f"filler-rank{rank}"), os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            filled += os.write(fd, b"\0" * 4096)
+    except OSError:   # no space left on the device
+        pass
+    finally:
+        os.close(fd)
+    dist.barrier()
+    losses += train(engine, rank, world_size, 3, STEPS)
+    return {"case": "full", "equal": losses == host, "filled": filled}
+
+
 def start_errors(rank, world_size, root, small):
     from launcher.zero.errors import ConfigError
     out = {"case": "start"}
@@ -109,33 +128,39 @@ def start_errors(rank, world_size, root, small):
 def main():
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     root = os.environ["NVME_ROOT"]
-    for record in (parity(rank, world_size, root, False), parity(rank, world_size, root, True),
-                   checkpoint_and_removal(rank, world_size, root),
+    fp32 = parity(rank, world_size, root, False)
+    for record in (fp32, parity(rank, world_size, root, True), checkpoint_and_removal(rank, world_size, root),
                    start_errors(rank, world_size, root, os.environ.get("NVME_SMALL") or None)):
         print("RESULT " + json.dumps(record), flush=True)
+    if os.environ.get("NVME_ROOMY"):
+        print("RESULT " + json.dumps(full_disk(rank, world_size, os.environ["NVME_ROOMY"], fp32["host"])), flush=True)
 
 
-def _small_tmpfs(tmp_path):
-    """A 16 KiB tmpfs (root only), too small for a rank's states; None where it cannot be mounted."""
+def _tmpfs(tmp_path, name, size):
+    """A tmpfs of ``size`` (root only); None where it cannot be mounted."""
     import subprocess
-    folder = tmp_path / "small"
+    folder = tmp_path / name
     folder.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(folder)], capture_output=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True)
     return str(folder) if done.returncode == 0 else None
 
 
 def test_nvme_offload_matches_host_offload_and_fails_by_name(tmp_path):
     import subprocess
     from tests.helpers.world import check, run_world
-    small = _small_tmpfs(tmp_path)
+    small = _tmpfs(tmp_path, "small", "16k")    # a rank's states here: 30 KB
+    roomy = _tmpfs(tmp_path, "roomy", "1m")
     try:
-        results = check(run_world(__file__, 2, timeout=300,
-                                  env={"NVME_ROOT": str(tmp_path), "NVME_SMALL": small or ""}))
+        results = check(run_world(__file__, 2, timeout=300, env={
+            "NVME_ROOT": str(tmp_path), "NVME_SMALL": small or "", "NVME_ROOMY": roomy or ""}))
     finally:
-        if small:
-            subprocess.run(["umount", small])
+        for mounted in (small, roomy):
+            if mounted:
+                subprocess.run(["umount", mounted])
     for result in results:
-        fp32, bf16, ckpt, start = result.records()
+        fp32, bf16, ckpt, start, *full = result.records()
+        if roomy:   # training went on, after the fillers took every free byte (one rank fills it)
+            assert full[0]["equal"], full
         for r in (fp32, bf16):
             assert r["nvme"] == r["host"], r            # the same arithmetic, chunk by chunk
             assert r["files_equal"] and all(r["files_equal"]), r
@@ -147,6 +172,8 @@ def test_nvme_offload_matches_host_offload_and_fails_by_name(tmp_path):
         assert "no-such-folder" in start["missing"] and "hint" in start["missing"], start
         if small:
             assert small in start["small"], start
+    if roomy:
+        assert sum(result.records()[4]["filled"] for result in results) > 0
     assert "NVMe offload: optimizer states" in results[0].stdout or "NVMe offload: optimizer states" in \
         "".join(r.stdout for r in results)
 
