@@ -72,9 +72,10 @@ def checkpoint_and_removal(rank, world_size, root):
     import torch.distributed as dist
     from launcher.zero.errors import NvmeOffloadError
     ckpt = os.path.join(root, "ckpt")
-    for name in ("a", "b"):
+    for name in ("a", "b", "c"):
         os.makedirs(os.path.join(root, name), exist_ok=True)
     engine, _ = build("nvme", os.path.join(root, "a"))
+    engine.save_checkpoint(ckpt, tag="s0")        # before any step: the CPU Adam has no state yet
     first = train(engine, rank, world_size, 0, 3)
     engine.save_checkpoint(ckpt, tag="s3")
     rest = train(engine, rank, world_size, 3, STEPS)
@@ -88,7 +89,11 @@ def checkpoint_and_removal(rank, world_size, root):
     engine, _ = build("nvme", os.path.join(root, "b"))
     engine.load_checkpoint(ckpt, tag="s3")
     resumed = train(engine, rank, world_size, 3, STEPS)
+    engine, _ = build("nvme", os.path.join(root, "c"))
+    engine.load_checkpoint(ckpt, tag="s0")
+    from_start = train(engine, rank, world_size, 0, 3)
     return {"case": "checkpoint", "first": first, "rest": rest, "resumed": resumed, "error": error,
+            "from_start": from_start,
             "folder": os.path.join(root, "a", f"dslaunch-rank{rank}")}
 
 
@@ -168,6 +173,7 @@ def test_nvme_offload_matches_host_offload_and_fails_by_name(tmp_path):
             assert all(n <= 4 for n in r["master_storage"]), r   # the masters are placeholders
             assert 0 < r["memory"]["nvme_buffers"] <= 2 * 300 * 12, r
         assert ckpt["resumed"] == ckpt["rest"], ckpt
+        assert ckpt["from_start"] == ckpt["first"], ckpt
         assert ckpt["error"] and ckpt["error"].startswith("NvmeOffloadError") and ckpt["folder"] in ckpt["error"]
         assert "no-such-folder" in start["missing"] and "hint" in start["missing"], start
         if small:

@@ -217,6 +217,11 @@ class StateFeed:
             future.exception()
         self._close()
 
+    def close(self) -> None:
+        """The engine is destroyed: stop the I/O thread (the files stay for a later look)."""
+        self._io.shutdown(wait=True)
+        self._close()
+
     def _close(self) -> None:
         for fd in self._fds.values():
             os.close(fd)

@@ -204,8 +204,8 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
             values = self.nvme.read_group(position)
             master.data = values["master"]
             state = self.optimizer.state[master]
-            for key in MOMENTS:
-                state[key] = values[key]
+            if "step" in state:   # before the first step the CPU Adam has no state (and saves none)
+                state.update({key: values[key] for key in MOMENTS})
         self._nvme_resident = True
         try:
             yield
@@ -580,6 +580,8 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         self.coordinator.remove()
         if self._overlap_helper is not None:
             self._overlap_helper.remove()
+        if self.nvme is not None:
+            self.nvme_feed.close()
 
     def compile_units(self, blocks: list[torch.nn.Module]) -> None:
         """``engine.compile()``: gather each block's parameters as one, around its compiled forward."""
