@@ -33,6 +33,13 @@ class CheckpointPathError(CheckpointError, ValueError, TypeError):
     script's ``except`` written against either still catches it."""
 
 
+class NvmeOffloadError(DslaunchError, OSError):
+    """NVMe offload's files could not be read or written mid-run (folder removed, disk full, I/O
+    error); the message names the file. An OSError too, so a script's ``except OSError`` catches it."""
+
+    kind = "NVMe offload error"
+
+
 class LossScaleAtMinimumError(RuntimeError):
     """fp16 overflowed while the dynamic loss scale was already at ``min_loss_scale`` (DeepSpeed's rule)."""
 

@@ -154,6 +154,9 @@ def _say_ready(engine: ZeroEngine, monitor: Monitor, param_count: int) -> None:
     precision = "fp16" if cfg.fp16.enabled else "bf16" if cfg.bf16.enabled else "fp32"
     monitor.log(ready_line(cfg.zero_stage, precision, engine.dist_context.world_size, param_count,
                            engine.memory_breakdown()))
+    nvme_line = getattr(engine.strategy, "nvme_summary", lambda: None)()
+    if nvme_line:
+        monitor.log(nvme_line)
     if precision != "fp32" and engine.dist_context.device.type == "cpu":
         monitor.log(f"{precision} on CPU: most CPUs have no fast {precision} matrix kernels, so steps can run several "
                     f"times slower than fp32; 16-bit precision pays off on a GPU")

@@ -47,7 +47,8 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None =
         problem = _attempt(save_dir, partial, 0, lambda: os.makedirs(partial))
     _agree_or_raise(engine, problem, partial, lead)
     fragments = _global_names(engine, engine.strategy.fragments())
-    shard = _shard(engine, fragments)
+    with engine.strategy.states_resident(write_back=False):
+        shard = _shard(engine, fragments)
     written: dict[str, dict] = {}   # file name -> size and digest, of the files this rank wrote
     problem = _attempt(save_dir, partial, _bytes_of(shard),
                        lambda: _write(partial, fmt.shard_name(rank, prefix), shard, written))
@@ -236,10 +237,11 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
     else:
         read = _read_intact(engine, load_dir, resolved, explicit=tag is not None)
     _check_params(engine, read.metadata, load_module_strict)
-    engine.strategy.load_module_state_dict(read.states["module"], strict=load_module_strict)
     with_optimizer = load_optimizer_states and not load_module_only
-    _restore_fragments(engine, read.fragments, read.shards, with_optimizer)
-    engine.strategy.sync_params_from_master()
+    with engine.strategy.states_resident(write_back=True):
+        engine.strategy.load_module_state_dict(read.states["module"], strict=load_module_strict)
+        _restore_fragments(engine, read.fragments, read.shards, with_optimizer)
+        engine.strategy.sync_params_from_master()
     if not load_module_only:
         _restore_training_state(engine, read.path, read.states, read.metadata, read.shards, load_optimizer_states,
                                 load_lr_scheduler_states, read.prefix)

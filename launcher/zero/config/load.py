@@ -235,19 +235,24 @@ def _named(value: Any, key: str) -> NamedConfig:
 
 def no_effect_notes(config: ZeroConfig) -> list[str]:
     """One line for each setting that loads but changes nothing here, for the engine to print."""
+    nvme = config.zero_optimization.offload_optimizer_active and config.zero_optimization.offload_optimizer.device == "nvme"
     notes = [f"config section '{name}' is accepted but has no effect in this engine" for name in config.unsupported
-             if "." not in name]
+             if "." not in name and not (nvme and name == "aio")]
+    if nvme and "aio" in config.unsupported:
+        aio = config.unsupported["aio"]
+        keys = ", ".join(sorted(aio)) if isinstance(aio, Mapping) and aio else "(none set)"
+        notes.append(f"config section 'aio' ({keys}): none of its keys has a meaning here: NVMe offload reads and "
+                     "writes its files with plain pread/pwrite on one background thread, no libaio or GDS")
     notes += [f"config key '{name}' is a top-level key with dots, not the nested key it spells: DeepSpeed reads no "
               "key so and neither does this engine, so it has no effect" for name in config.unsupported if "." in name]
     notes += [f"config key '{key}' ({'set' if dataclasses.is_dataclass(value) else repr(value)}) is accepted "
               "but has no effect in this engine" for key, value in _set_without_effect(config, "")]
-    for section in ("offload_optimizer", "offload_param"):
-        offload = getattr(config.zero_optimization, section)
-        if offload is not None and offload.device == "nvme":
-            what = "optimizer states" if section == "offload_optimizer" else "parameters"
-            notes.append(f"zero_optimization.{section}.device 'nvme': NVMe offload is not built; the {what} are "
-                         f"kept in host memory instead (nvme_path {offload.nvme_path} is not used), so size the "
-                         "host's memory for them as for device 'cpu' (dslaunch estimate counts them so)")
+    offload = config.zero_optimization.offload_param
+    if offload is not None and offload.device == "nvme":   # offload_optimizer's nvme is built (nvme_states.py)
+        notes.append(f"zero_optimization.offload_param.device 'nvme': parameter NVMe offload is not built; the "
+                     f"parameters are kept in host memory instead (nvme_path {offload.nvme_path} is not used), so "
+                     "size the host's memory for them as for device 'cpu' (dslaunch estimate counts them so); "
+                     "offload_optimizer's device 'nvme' is built")
     return notes
 
 

@@ -57,18 +57,20 @@ class OffloadConfig:
     """`zero_optimization.offload_optimizer` / `offload_param`."""
 
     device: str = spec("none", "str", "where the tensors live", choices=("none", "cpu", "nvme"))
-    nvme_path: str | None = spec(None, "str", "folder for NVMe offload", nullable=True)
+    nvme_path: str | None = spec(None, "str", "folder for NVMe offload (optimizer states: one folder per rank "
+                                 "inside it)", nullable=True)
     pin_memory: bool = spec(True, "bool", "page-locked host buffers (True in 0.19.8)")
     ratio: float = spec(1.0, "float", "fraction of the optimizer states offloaded (below 1 not built: issue 43 "
                         "builds it)", min=0.0, max=1.0)
     super_offload: bool = spec(False, "bool", "DeepSpeed's SuperOffload (not built: must be false; issue 43 builds it)")
     cpuadam_cores_perc: float = spec(0.8, "float", "with super_offload only: the share of CPU cores its Adam uses",
                                      min=0.0, max=1.0)
-    buffer_count: int = spec(4, "int", "number of staging buffers", min=1)
-    buffer_size: int = spec(100_000_000, "int", "elements per parameter buffer (offload_param)", min=1)
+    buffer_count: int = spec(4, "int", "number of staging buffers (host slots of NVMe offload)", min=1)
+    buffer_size: int = spec(100_000_000, "int", "elements per staging buffer (offload_optimizer nvme: a slot holds "
+                            "a third of it of the master and of each moment)", min=1)
     max_in_cpu: int = spec(1_000_000_000, "int", "elements kept in CPU memory (offload_param)", min=0)
-    pipeline_read: bool = spec(False, "bool", "overlap NVMe reads")
-    pipeline_write: bool = spec(False, "bool", "overlap NVMe writes")
+    pipeline_read: bool = spec(False, "bool", "overlap NVMe reads (ours always read ahead)")
+    pipeline_write: bool = spec(False, "bool", "overlap NVMe writes (ours always write behind)")
     fast_init: bool = spec(False, "bool", "fast NVMe initialisation")
     overlap_step: bool = spec(False, "bool", "ours, offload_optimizer only: the CPU step runs in the background "
                               "after step() returns; the next forward waits per module for its updated weights")

@@ -96,6 +96,11 @@ class CPUAdam(torch.optim.Optimizer):
         #: chunk ``take(i)`` -> an fp32 host tensor of its length and ``done(i)``; chunks run one
         #: at a time (stages/grad_feed.py: gradients that stay on the device)
         self.grad_feed = None
+        #: engine-set: where each chunk's parameter and moments come from instead of host tensors
+        #: (stages/nvme_states.py: states in files): ``begin(spans)``, per chunk ``take(i)`` ->
+        #: (param, exp_avg, exp_avg_sq) host views, ``done(i)``, then ``finish()``; the state
+        #: dict then holds only the step count
+        self.state_feed = None
 
     def __getstate__(self):
         state = super().__getstate__()
@@ -103,6 +108,7 @@ class CPUAdam(torch.optim.Optimizer):
         state.pop("on_chunk", None)
         state.pop("chunk_priority", None)
         state.pop("grad_feed", None)
+        state.pop("state_feed", None)
         return state
 
     def _state_for(self, p):
@@ -113,7 +119,7 @@ class CPUAdam(torch.optim.Optimizer):
                 raise ValueError(f"CPUAdam updates fp32 or bf16 CPU tensors, got {p.dtype} on {p.device}")
             # a tensor step keeps the state dict loadable by torch.optim.AdamW and back
             state["step"] = torch.zeros((), dtype=torch.float32)
-            for key in MOMENTS:
+            for key in MOMENTS if self.state_feed is None else ():
                 state[key] = torch.zeros_like(p, dtype=self.moment_dtype(p), memory_format=torch.preserve_format)
         return state
 
@@ -161,11 +167,15 @@ class CPUAdam(torch.optim.Optimizer):
                 state = self._state_for(p)
                 state["step"] += 1
                 target = None if params_16bit is None else params_16bit.get(p)
-                jobs.extend(self._chunk_jobs(p, state, settings, target, factor, fed=feed is not None))
+                make_jobs = self._chunk_jobs if self.state_feed is None else self._state_fed_jobs
+                jobs.extend(make_jobs(p, state, settings, target, factor, fed=feed is not None))
                 spans.extend((p, a, b) for a, b in _chunks(p.numel(), self.chunk_elements))
         if self.chunk_priority is not None:
             jobs, spans = _by_priority(jobs, spans, self.chunk_priority)
         notify = self.on_chunk
+        if self.state_feed is not None:
+            states = self.state_feed
+            return lambda: self._run_state_fed(jobs, spans, notify, feed, states)
         return lambda: self._run(jobs, spans, notify, feed)
 
     def _chunk_jobs(self, p, state, group, target, factor, fed: bool = False):
@@ -178,6 +188,34 @@ class CPUAdam(torch.optim.Optimizer):
         return [((flat[0][a:b], None if grad is None else grad[a:b], flat[1][a:b], flat[2][a:b]),
                  None if out is None else out[a:b], step, step_tensor, group, factor)
                 for a, b in _chunks(p.numel(), self.chunk_elements)]
+
+    def _state_fed_jobs(self, p, state, group, target, factor, fed: bool = False):
+        """``_chunk_jobs`` for a ``state_feed``: the chunk's parameter and moments come when the job runs."""
+        grad = None if fed else p.grad.detach().view(-1)
+        out = None if target is None else target.detach().view(-1)
+        return [((None, None if grad is None else grad[a:b], None, None), None if out is None else out[a:b],
+                 float(state["step"]), state["step"], group, factor)
+                for a, b in _chunks(p.numel(), self.chunk_elements)]
+
+    def _run_state_fed(self, jobs, spans, notify, feed, states):
+        """One chunk at a time: its states (and gradient, with a grad feed) taken just before."""
+        if feed is not None:
+            feed.begin(spans)
+        states.begin(spans)
+        try:
+            for index, ((_, grad, _, _), *rest) in enumerate(jobs):
+                param, exp_avg, exp_avg_sq = states.take(index)
+                self._step_chunk((param, feed.take(index) if feed is not None else grad, exp_avg, exp_avg_sq),
+                                 *rest)
+                if feed is not None:
+                    feed.done(index)
+                states.done(index)
+                if notify is not None:
+                    notify(*spans[index])
+        except BaseException:
+            states.abandon()
+            raise
+        states.finish()
 
     def _run(self, jobs, spans, notify, feed=None):
         if feed is not None:   # one chunk at a time, each gradient taken from the feed just before

@@ -53,6 +53,8 @@ Entries may also be lazy ``"module:Class"`` strings; the defaults below point st
 """
 from __future__ import annotations
 
+import contextlib
+
 import importlib
 import math
 from abc import ABC, abstractmethod
@@ -214,6 +216,12 @@ class ZeroStrategy(ABC):
     @abstractmethod
     def fragments(self) -> list[Fragment]:
         """Every fragment of every trainable parameter held on this rank."""
+
+    def states_resident(self, write_back: bool):
+        """A context in which the masters and optimizer state are host tensors (checkpoints);
+        ``write_back``: what changed inside goes back where they live. Nothing to do unless
+        they live in files (stage 3's NVMe offload)."""
+        return contextlib.nullcontext()
 
     def sync_params_from_master(self) -> None:
         """Refresh the model parameters from the masters (after a checkpoint load)."""

@@ -65,6 +65,12 @@ class Stage3State:
         self._refresh_masters_from_params()
 
     def _refresh_masters_from_params(self) -> None:
+        if self.nvme is not None and not self._nvme_resident:   # the masters are in files
+            for position, (params, slots) in enumerate(zip(self.group_params, self.group_slots)):
+                for p, slot in zip(params, slots):
+                    self.nvme.write_master(position, slot.offset,
+                                           p.data.reshape(-1) if slot.persistent else p.ds_state.shard)
+            return
         with torch.no_grad():
             for params, slots, master in zip(self.group_params, self.group_slots, self.masters):
                 for p, slot in zip(params, slots):

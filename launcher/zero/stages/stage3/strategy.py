@@ -9,6 +9,9 @@ gathered parameter are dropped; persistent gradients are all-reduced once per bo
 
 With ``offload_optimizer`` the masters, their gradients and the optimizer state live in
 (pinned) host memory and the step runs on the CPU; with ``offload_param`` the shards do too.
+With ``offload_optimizer.device: nvme`` the masters and Adam's moments live in files instead,
+read and written a chunk at a time around the CPU Adam (nvme_states.py); ``self.masters`` then
+holds placeholders of the right shape, real only inside ``states_resident`` (checkpoints).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from launcher.zero.stages.stage3.gather_scatter import reduce_scatter_shard
 from launcher.zero.stages.stage3.coordinator import ParamCoordinator, Stage3Options
 from launcher.zero.stages.stage3.layout import Stage3Slot, choose_persistent, plan_group
 from launcher.zero.stages.stage3.square_sum import square_sum
+from launcher.zero.stages.stage3.nvme import Stage3Nvme
 from launcher.zero.stages.stage3.state import Stage3State
 from launcher.zero.stages.host_memory import host_zeros
 from launcher.zero.stages.placement import copy_in_pieces
@@ -45,7 +49,7 @@ def host_buffer(numel: int, dtype: torch.dtype, pin: bool) -> torch.Tensor:
     return host_zeros(numel, dtype, pin)
 
 
-class Stage3Strategy(Stage3State, ZeroStrategy):
+class Stage3Strategy(Stage3Nvme, Stage3State, ZeroStrategy):
     """Partitioned parameters gathered per module; see the module docstring."""
 
     stage = 3
@@ -66,6 +70,7 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         self.offload_optimizer = zero.offload_optimizer_active
         self.offload_param = zero.offload_param is not None and zero.offload_param.active
         pin = bool(self.offload_optimizer and zero.offload_optimizer.pin_memory)
+        self.nvme, self._nvme_resident = self._start_nvme(zero, optimizer), False
         host_grads, grad_dtype = self._place_gradients(zero, optimizer)
         self.master_device = torch.device("cpu") if self.offload_optimizer else ctx.dist_context.device
         self.shard_device = torch.device("cpu") if self.offload_param else ctx.dist_context.device
@@ -85,7 +90,9 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
             whole = [not P.is_partitioned(p) for p in params]
             slots, total = plan_group([names[id(p)] for p in params], [tuple(P.full_shape(p)) for p in params],
                                       whole, ctx.dist_context.world_size, ctx.dist_context.rank)
-            master = self._build_master(params, slots, total, pin)
+            master = self._build_master(params, slots, total, pin and self.nvme is None)
+            if self.nvme is not None:   # to the files; the optimizer steps a placeholder of its shape
+                master = self._master_to_files(master, optimizer, zero.offload_optimizer.nvme_path)
             self.group_slots.append(slots)
             self.group_params.append(params)
             self.masters.append(master)
@@ -96,6 +103,8 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         cuda = ctx.dist_context.device.type == "cuda" and torch.cuda.is_available()
         self._copy_stream = torch.cuda.Stream(device=ctx.dist_context.device) if cuda and host_grads else None
         self.feed = self._start_feed(optimizer, pin) if self.device_grads else None
+        if self.nvme is not None:
+            optimizer.state_feed = self.nvme_feed = self.nvme.feed(self._copy_chunk)
         self.coordinator = ParamCoordinator(module, self.options)
         self.coordinator.install()
         self._overlap_helper = None
@@ -226,12 +235,20 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
             master = host_buffer(total, master_dtype, pin)
         else:
             master = torch.zeros(total, dtype=master_dtype, device=self.master_device)
+        position, nvme = len(self.masters), self.nvme
         with torch.no_grad():
             for p, slot in zip(params, slots):
                 view = master[slot.offset:slot.offset + slot.length]
                 source = p.data.reshape(-1) if slot.persistent else p.ds_state.shard
                 view.copy_(source)
-                if source.dtype == master_dtype and source.device == master.device:
+                if nvme is not None:   # the master goes to files: a changed parameter is written there
+                    if slot.persistent:
+                        p.ds_after_modify = lambda param, o=slot.offset: nvme.write_master(
+                            position, o, param.data.reshape(-1))
+                    else:
+                        p.ds_state.on_update.append(lambda param, o=slot.offset: nvme.write_master(
+                            position, o, param.ds_state.shard))
+                elif source.dtype == master_dtype and source.device == master.device:
                     if slot.persistent:
                         p.data = view.view(slot.shape)
                     else:
@@ -414,6 +431,8 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
             super().scale_master_grads(factor)
 
     def after_optimizer_step(self) -> None:
+        if self.nvme is not None and not self._nvme_resident:
+            return   # each chunk went to the parameters as it was updated (_copy_chunk)
         for position, slots in enumerate(self.group_slots):
             self.copy_slots(position, 0, len(slots))
 
@@ -467,6 +486,8 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
         self.coordinator.remove()
         if self._overlap_helper is not None:
             self._overlap_helper.remove()
+        if self.nvme is not None:
+            self.nvme_feed.close()
 
     def compile_units(self, blocks: list[torch.nn.Module]) -> None:
         """``engine.compile()``: gather each block's parameters as one, around its compiled forward."""
@@ -484,11 +505,13 @@ class Stage3Strategy(Stage3State, ZeroStrategy):
             return t.numel() * t.element_size()
         shards = sum(nbytes(p.ds_state.shard) for p in self.module.parameters() if P.is_partitioned(p))
         whole = sum(nbytes(p.data) for p in self.module.parameters() if not P.is_partitioned(p))
-        masters = 0 if self.aliased else sum(nbytes(m) for m in self.masters)
+        masters = 0 if self.aliased or self.nvme is not None else sum(nbytes(m) for m in self.masters)
         parts = {"parameters": shards + whole, "gradients": sum(nbytes(g) for g in self.grads),
                  "master_weights": masters, "optimizer_states": self.optimizer_state_bytes()}
         if self.offload_optimizer:   # the gradients' host buffers: two with overlap_step, or the feed's slots
             host = self.grads + self.spare_grads if self.grads_on_host else []
             parts["gradients"] -= sum(nbytes(g) for g in self.grads) if self.grads_on_host else 0
             parts["host_gradients"] = sum(nbytes(g) for g in host + (self.feed.slots if self.feed else []))
+        if self.nvme is not None:   # the states' host slots; the states themselves are on disk
+            parts["nvme_buffers"] = self.nvme_feed.host_bytes()
         return parts
