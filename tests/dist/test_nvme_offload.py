@@ -12,7 +12,7 @@ from tests.helpers import stage3_model as s3  # noqa: E402
 STEPS = 6
 
 
-def build(device, folder=None, bf16=False, chunk=300, count=2):
+def build(device, folder=None, bf16=False, chunk=300, count=2, states=False):
     from launcher import zero
     cfg = s3.config(2, 0.05, 64)
     offload = {"device": device, "pin_memory": True}
@@ -23,6 +23,8 @@ def build(device, folder=None, bf16=False, chunk=300, count=2):
     cfg["zero_optimization"]["offload_optimizer"] = offload
     if bf16:
         cfg["bf16"] = {"enabled": True}
+    if states:   # DeepSpeed's bf16 masters, gradients and Adam moments (issue 43 item 3): bf16 files
+        cfg["bf16"] = {"enabled": True, "bf16_master_weights_and_grads": True, "bf16_optimizer_states": True}
     model = s3.make_model()
     engine, opt, _, _ = zero.initialize(model=model, model_parameters=s3.groups(model), config=cfg)
     return engine, opt
@@ -43,14 +45,14 @@ def train(engine, rank, world_size, first, last):
     return losses
 
 
-def parity(rank, world_size, root, bf16):
+def parity(rank, world_size, root, bf16, states=False):
     """Host offload against NVMe offload: losses, and the files hold the host run's states."""
-    engine, opt = build("cpu", bf16=bf16)
+    engine, opt = build("cpu", bf16=bf16, states=states)
     host = train(engine, rank, world_size, 0, STEPS)
     host_states = [dict(opt.state[m]) for g in opt.param_groups for m in g["params"]]
-    folder = os.path.join(root, "bf16" if bf16 else "fp32")
+    folder = os.path.join(root, "bf16states" if states else "bf16" if bf16 else "fp32")
     os.makedirs(folder, exist_ok=True)
-    engine, opt = build("nvme", folder, bf16=bf16)
+    engine, opt = build("nvme", folder, bf16=bf16, states=states)
     nvme = train(engine, rank, world_size, 0, STEPS)
     files_equal = []
     import torch
@@ -61,7 +63,8 @@ def parity(rank, world_size, root, bf16):
             files_equal.append(bool(torch.equal(on_disk, state[kind].view(-1))))
     resident = [t for st in opt.state.values() for t in st.values() if torch.is_tensor(t) and t.dim() > 0]
     masters = [m for g in opt.param_groups for m in g["params"]]
-    return {"case": "parity", "bf16": bf16, "host": host, "nvme": nvme, "files_equal": files_equal,
+    return {"case": "parity", "bf16": bf16, "states": states, "moment_dtypes": sorted({str(st[k].dtype) for st in
+            host_states for k in ("exp_avg", "exp_avg_sq")}), "host": host, "nvme": nvme, "files_equal": files_equal,
             "resident_states": len(resident), "master_storage": [m.untyped_storage().nbytes() for m in masters],
             "memory": engine.memory_breakdown()}
 
@@ -134,7 +137,8 @@ def main():
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     root = os.environ["NVME_ROOT"]
     fp32 = parity(rank, world_size, root, False)
-    for record in (fp32, parity(rank, world_size, root, True), checkpoint_and_removal(rank, world_size, root),
+    for record in (fp32, parity(rank, world_size, root, True), parity(rank, world_size, root, True, states=True),
+                   checkpoint_and_removal(rank, world_size, root),
                    start_errors(rank, world_size, root, os.environ.get("NVME_SMALL") or None)):
         print("RESULT " + json.dumps(record), flush=True)
     if os.environ.get("NVME_ROOMY"):
@@ -163,10 +167,11 @@ def test_nvme_offload_matches_host_offload_and_fails_by_name(tmp_path):
             if mounted:
                 subprocess.run(["umount", mounted])
     for result in results:
-        fp32, bf16, ckpt, start, *full = result.records()
+        fp32, bf16, states, ckpt, start, *full = result.records()
+        assert states["moment_dtypes"] == ["torch.bfloat16"], states   # the bf16 keys took effect
         if roomy:   # training went on, after the fillers took every free byte (one rank fills it)
             assert full[0]["equal"], full
-        for r in (fp32, bf16):
+        for r in (fp32, bf16, states):
             assert r["nvme"] == r["host"], r            # the same arithmetic, chunk by chunk
             assert r["files_equal"] and all(r["files_equal"]), r
             assert r["resident_states"] == 0, r          # no moment stays in host memory
@@ -179,7 +184,7 @@ def test_nvme_offload_matches_host_offload_and_fails_by_name(tmp_path):
         if small:
             assert small in start["small"], start
     if roomy:
-        assert sum(result.records()[4]["filled"] for result in results) > 0
+        assert sum(result.records()[5]["filled"] for result in results) > 0
     assert "NVMe offload: optimizer states" in results[0].stdout or "NVMe offload: optimizer states" in \
         "".join(r.stdout for r in results)
 
