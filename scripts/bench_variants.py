@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from typing import Callable
 
 import torch
@@ -150,14 +151,20 @@ def fsdp2_compile(model: torch.nn.Module, settings: Settings) -> Step:
 
 
 def engine_config(stage: int, offload: bool, settings: Settings, overlap: bool = False,
-                  offload_param: bool = False, fp32: bool = False, bf16_states: bool = False) -> dict:
+                  offload_param: bool = False, fp32: bool = False, bf16_states: bool = False,
+                  nvme: bool = False) -> dict:
     """The DeepSpeed-style config both our engine and DeepSpeed get for a stage
     (``overlap``: ours only, the offloaded step in the background, ``overlap_step``;
     ``offload_param``: stage 3's parameters in host memory too; ``fp32``: bf16 off;
-    ``bf16_states``: bf16 master weights, gradients and Adam moments, DeepSpeed 0.19.8's two keys)."""
+    ``bf16_states``: bf16 master weights, gradients and Adam moments, DeepSpeed 0.19.8's two keys;
+    ``nvme``: the optimizer states in files under $DSLAUNCH_BENCH_NVME, default /tmp/dslaunch-bench-nvme)."""
     zero: dict = {"stage": stage}
     if offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+        if nvme:
+            folder = os.environ.get("DSLAUNCH_BENCH_NVME", "/tmp/dslaunch-bench-nvme")
+            os.makedirs(folder, exist_ok=True)
+            zero["offload_optimizer"].update(device="nvme", nvme_path=folder)
         if overlap:
             zero["offload_optimizer"]["overlap_step"] = True
     if offload_param:
@@ -207,11 +214,11 @@ def torch_pinned_host_buffers() -> None:
 
 def ours(stage: int, offload: bool = False, overlap: bool = False, compiled: bool = False,
          offload_param: bool = False, fp32: bool = False, trace: bool = True, torch_pinned: bool = False,
-         bf16_states: bool = False):
+         bf16_states: bool = False, nvme: bool = False):
     """Our engine, launcher.zero, at a stage (with optimizer offload to CPU if asked; compiled:
     the whole module at stages 0-2, per block at stage 3; fp32: bf16 off; trace False: the inf/NaN
     trace off, ``non_finite.trace``, on by default; torch_pinned: see torch_pinned_host_buffers;
-    bf16_states: see engine_config)."""
+    bf16_states, nvme: see engine_config)."""
 
     def build(model: torch.nn.Module, settings: Settings) -> Step:
         try:
@@ -224,7 +231,7 @@ def ours(stage: int, offload: bool = False, overlap: bool = False, compiled: boo
             zero.initialize  # noqa: B018 - lazy attribute: imports the engine
         except (ImportError, AttributeError) as exc:
             raise Unavailable(f"launcher.zero.initialize not importable: {exc}") from None
-        config = engine_config(stage, offload, settings, overlap, offload_param, fp32, bf16_states)
+        config = engine_config(stage, offload, settings, overlap, offload_param, fp32, bf16_states, nvme)
         if compiled:   # the engine's own path: zero.initialize compiles (engine.compile)
             config["compile"] = compile_config(settings)
         if not trace:
@@ -296,6 +303,9 @@ VARIANTS: dict[str, Callable[[torch.nn.Module, Settings], Step]] = {
     **{f"zero{s}_offload{o}_bf16states": ours(s, offload=True, overlap=bool(o), bf16_states=True)
        for s in (2, 3) for o in ("", "_overlap")},
     **{f"ds_zero{s}_offload_bf16states": deepspeed(s, offload=True, bf16_states=True) for s in (2, 3)},
+    # ZeRO-Infinity's optimizer states on NVMe (issue 43 item 4; stage 3 only, as in DeepSpeed)
+    "zero3_offload_nvme": ours(3, offload=True, nvme=True),
+    "zero3_offload_nvme_bf16states": ours(3, offload=True, nvme=True, bf16_states=True),
     **{f"ds_zero{s}": deepspeed(s) for s in range(4)},
     "ds_zero2_offload": deepspeed(2, offload=True),
     "ds_zero3_offload": deepspeed(3, offload=True),

@@ -69,10 +69,11 @@ def test_host_buffer_bench_runs_on_the_cpu():
     assert record["kind"] == "torch" and record["adam_ms"] > 0
 
 
-def test_the_ab_and_bf16_state_variants_train_on_the_cpu():
-    """The variants gpu_runs.sh's offload-ab and bf16-states parts time, on a tiny CPU run: each trains."""
-    env = dict(os.environ, PYTHONPATH=REPO, CUDA_VISIBLE_DEVICES="")
-    variants = "zero2_offload_overlap_torch_pinned,zero3_offload_bf16states,zero2_offload_overlap_bf16states"
+def test_the_ab_and_bf16_state_variants_train_on_the_cpu(tmp_path):
+    """The variants gpu_runs.sh's offload-ab, bf16-states and nvme parts time, on a tiny CPU run: each trains."""
+    env = dict(os.environ, PYTHONPATH=REPO, CUDA_VISIBLE_DEVICES="", DSLAUNCH_BENCH_NVME=str(tmp_path))
+    variants = ("zero2_offload_overlap_torch_pinned,zero3_offload_bf16states,zero2_offload_overlap_bf16states,"
+                "zero3_offload_nvme")
     script = os.path.join(REPO, "scripts", "bench_engine.py")
     done = subprocess.run([sys.executable, script, "--tiny", "--peak-size", "0",
                            "--variants", variants], capture_output=True, text=True, env=env, timeout=300)
