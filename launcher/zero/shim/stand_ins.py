@@ -32,12 +32,6 @@ safe_set_local_grad = not_built("deepspeed.utils.safe_set_local_grad", _FRAGMENT
 safe_update_full_grad_vectorized = not_built("deepspeed.utils.safe_update_full_grad_vectorized", _FRAGMENTS,
                                              hint=_FRAGMENT_HINT)
 
-_LEAVES = "ZeRO-3 leaf modules (gathering a module's parameters as one unit, for MoE)"
-_LEAVES_HINT = ("without leaf modules, a stage-3 MoE whose experts do not all run on every rank would hang; "
-                "run it with DeepSpeed itself or at stage 2")
-set_z3_leaf_modules = not_built("deepspeed.utils.set_z3_leaf_modules", _LEAVES, hint=_LEAVES_HINT)
-unset_z3_leaf_modules = not_built("deepspeed.utils.unset_z3_leaf_modules", _LEAVES, hint=_LEAVES_HINT)
-
 _SEQUENCE = "DeepSpeed's Ulysses sequence-parallel groups (deepspeed.utils.groups._get_sequence_parallel_*)"
 _SEQUENCE_HINT = "leave sequence parallelism off (sp_size 1), or run this script with DeepSpeed itself"
 _get_sequence_parallel_group = not_built("deepspeed.utils.groups._get_sequence_parallel_group", _SEQUENCE, hint=_SEQUENCE_HINT)

@@ -178,13 +178,23 @@ class ParamCoordinator:
         self._frontier = 0
         self._back_frontier = 0
         self._units: list[torch.nn.Module] = []   # gathered whole, see use_units
+        self.leaves: list[torch.nn.Module] = []   # the outermost leaf modules, see install
         self._lifted = False          # our saved-tensor hooks are off the stack (a top-level read)
         self._lifted_this_forward = False
         self._unit_ids: set[int] = set()
 
     # ---- installation -----------------------------------------------------------------
     def install(self) -> None:
-        inside = {id(m) for unit in self._units for m in unit.modules() if m is not unit}
+        # ZeRO-3 leaf modules (utils/z3_leaf_module.py) are gathered whole, as units are
+        explicit = {id(unit) for unit in self._units}
+        leaves = [m for m in self.root.modules() if getattr(m, "_z3_leaf", False) and id(m) not in explicit]
+        units = self._units + leaves
+        self._unit_ids = {id(unit) for unit in units}
+        inside = {id(m) for unit in units for m in unit.modules() if m is not unit}
+        self.leaves = [leaf for leaf in leaves if id(leaf) not in inside]
+        for leaf in self.leaves:
+            for p in leaf.parameters():
+                p.ds_z3_leaf_module = leaf
         for module in self.root.modules():
             if id(module) in inside:
                 continue
