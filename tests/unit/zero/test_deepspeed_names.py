@@ -406,14 +406,15 @@ def test_the_local_functions_are_stage_3_only_and_give_this_ranks_partition():
         safe_get_local_fp32_param(engine.module[0].weight)
 
 
-def test_a_parameter_no_engine_trains_reads_as_none_and_the_gradient_functions_say_not_supported():
+def test_a_parameter_no_engine_trains_reads_as_none_or_its_own_gradient():
     from launcher.zero import utils
 
-    assert utils.safe_get_full_fp32_param(torch.nn.Parameter(torch.zeros(2))) is None
-    for name in ("safe_get_full_grad", "safe_set_full_grad", "safe_get_local_grad", "safe_set_local_grad",
-                 "safe_update_full_grad_vectorized"):
-        with pytest.raises(NotSupportedError, match=name):
-            getattr(utils, name)(torch.nn.Parameter(torch.zeros(2)))
+    param = torch.nn.Parameter(torch.zeros(2))
+    assert utils.safe_get_full_fp32_param(param) is None and utils.safe_get_full_grad(param) is None
+    param.grad = torch.ones(2)
+    assert utils.safe_get_full_grad(param) is param.grad      # as DeepSpeed: the parameter's own .grad
+    utils.safe_set_full_grad(param, torch.full((2,), 3.0))
+    assert torch.equal(param.grad, torch.full((2,), 3.0))
 
 
 # ---- the shim answers every new path ------------------------------------------------------------
