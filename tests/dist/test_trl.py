@@ -4,7 +4,8 @@ tests/scripts/frameworks/trl_train.py gives ``SFTTrainer`` / ``DPOTrainer`` a mo
 and its tokenizer saved first): TRL loads the model (under ``zero.Init`` at ZeRO-3), and DPO loads its
 reference model too and wraps it with ``trl.models.prepare_deepspeed``: ``deepspeed.initialize`` without
 an optimizer. Replayed as recorded under a real DeepSpeed 0.19.8 (2 CPU ranks, fp32, 6 steps of 2
-micro-batches of 4). At ZeRO-3 both stop in backward on this engine (the xfail below says why).
+micro-batches of 4). At ZeRO-3 TRL's fused LM head saves ``lm_head.weight`` in its own autograd Function
+and reads ``ds_status`` in backward (stage3/coordinator.py says how the parameter comes back as itself).
 """
 from __future__ import annotations
 
@@ -28,11 +29,6 @@ def test_dpo_with_its_reference_engine_trains_with_deepspeeds_losses_and_margins
     assert [s["margin"] for s in ours["steps"]] == pytest.approx([s["margin"] for s in theirs["steps"]], abs=1e-5)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="TRL's fused LM head saves lm_head.weight in a custom autograd Function and reads its "
-                          "ds_status in backward; this engine's ZeRO-3 saves tensors through saved-tensor hooks, "
-                          "and PyTorch hands a hook-unpacked tensor back as a new object without the parameter's "
-                          "attributes (AttributeError: 'Tensor' object has no attribute 'ds_status')")
 @pytest.mark.parametrize("trainer", ["sft", "dpo"])
 def test_at_zero3_trains_with_deepspeeds_losses(trainer, tmp_path_factory):
     _, ours, theirs = straight_run(f"trl_{trainer}_zero3", tmp_path_factory)

@@ -9,6 +9,11 @@ held by one rank, a replicated one holds the same value on each, so the result i
 
 As DeepSpeed's: a write changes the master (or the state) only; the model's weights follow at the
 next optimizer step. A parameter no engine trains (frozen, or no engine) reads as None.
+
+The gradient functions read and write the reduced gradient the next step will use, laid out as the
+master is (``strategy.grad_of(fragment)``): meaningful after the backward of a gradient-accumulation
+boundary and before ``step`` (earlier, stages 0-2 hold this rank's unreduced part). As in DeepSpeed it
+is the gradient averaged over the data-parallel ranks, still multiplied by the fp16 loss scale.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import torch.distributed as dist
 from launcher.zero.errors import EngineUsageError
 
 _ENGINE_ATTRIBUTE = "_zero_engine"
+GRAD = object()   # a ``state_key`` meaning the gradient
 
 
 def register(engine) -> None:
@@ -52,6 +58,8 @@ def _source(engine, fragment, state_key):
     """The tensor a fragment lives in: the master, or its optimizer state under ``state_key``."""
     if state_key is None:
         return fragment.master
+    if state_key is GRAD:
+        return engine.strategy.grad_of(fragment)
     return engine.basic_optimizer.state[fragment.master][state_key]
 
 
@@ -59,7 +67,7 @@ def get_full(param, state_key: str | None = None) -> torch.Tensor | None:
     """The whole fp32 master (or optimizer state) of ``param``, on the device; collective."""
     engine = _engine_of(param)
     if engine is None:
-        return None
+        return param.grad if state_key is GRAD else None
     fragments = _fragments(engine, param)
     shape = tuple(engine.strategy.full_shapes().get(_name_of(engine, param), param.shape))
     full = torch.full((int(torch.Size(shape).numel()),), float("-inf"), dtype=torch.float32,
@@ -77,6 +85,8 @@ def set_full(param, value: torch.Tensor, state_key: str | None = None) -> None:
     """Write the part of ``value`` (the whole parameter's shape) that this rank holds."""
     engine = _engine_of(param)
     if engine is None:
+        if state_key is GRAD and param.grad is not None:
+            param.grad.copy_(value)
         return
     flat = value.detach().reshape(-1)
     for fragment in _fragments(engine, param):
@@ -140,3 +150,29 @@ def safe_get_local_optimizer_state(param, optim_state_key):
 
 def safe_set_local_optimizer_state(param, value, optim_state_key):
     set_local(param, value, optim_state_key)
+
+
+def safe_get_full_grad(param):
+    return get_full(param, GRAD)
+
+
+def safe_set_full_grad(param, value):
+    set_full(param, value, GRAD)
+
+
+def safe_get_local_grad(param):
+    return get_local(param, GRAD)
+
+
+def safe_set_local_grad(param, value):
+    set_local(param, value, GRAD)
+
+
+def safe_update_full_grad_vectorized(param_list, update_func):
+    """``update_func(full_grad, param)`` gives each parameter's new full gradient; collective."""
+    for param in param_list:
+        if not param.requires_grad:
+            continue
+        current = get_full(param, GRAD)
+        if current is not None:
+            set_full(param, update_func(current, param), GRAD)

@@ -41,6 +41,7 @@ DEEPSPEED_PATHS: dict[str, str | NotBuilt] = {
     "deepspeed.utils.module_utils": "launcher.zero.utils.module_utils",
     "deepspeed.utils.init_on_device": "launcher.zero.utils.init_on_device",
     "deepspeed.utils.tensor_fragment": "launcher.zero.utils.tensor_fragment",
+    "deepspeed.utils.z3_leaf_module": "launcher.zero.utils.z3_leaf_module",
     "deepspeed.git_version_info": "launcher.zero.git_version_info",
     "deepspeed.compression": NotBuilt("DeepSpeed's compression library (deepspeed.compression); only its helper "
                                       "module is built"),

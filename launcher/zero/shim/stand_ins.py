@@ -2,7 +2,7 @@
 
 Each imports; calling it (or reading one of its attributes) raises ``NotSupportedError`` naming the
 feature, so a script that imports them at the top and never uses them runs. The face re-exports
-them under DeepSpeed's names (``deepspeed.init_inference``, ``deepspeed.utils.safe_get_full_grad``).
+them under DeepSpeed's names (``deepspeed.init_inference``).
 Whole modules that are not built are ``NotBuilt`` entries of ``paths.DEEPSPEED_PATHS`` instead.
 """
 from __future__ import annotations
@@ -11,8 +11,6 @@ from launcher.zero.errors import not_built
 
 _KERNELS = "DeepSpeed's fused transformer kernels and kernel injection"
 _INFERENCE = "DeepSpeed inference (init_inference)"
-_FRAGMENTS = ("reading or writing one parameter's gradient (DeepSpeed's tensor-fragment API; the fp32 master and "
-              "optimizer-state functions of the family are built)")
 
 DeepSpeedConfig = not_built("deepspeed.DeepSpeedConfig", "DeepSpeed's config object",
                             hint="zero.load_config(path_or_dict) reads and checks a DeepSpeed config")
@@ -22,21 +20,6 @@ replace_transformer_layer = not_built("deepspeed.replace_transformer_layer", _KE
 init_inference = not_built("deepspeed.init_inference", _INFERENCE)
 tp_model_init = not_built("deepspeed.tp_model_init", "DeepSpeed's automatic tensor parallelism (AutoTP)",
                           hint="pass mpu= to zero.initialize with your own tensor-parallel layers")
-
-_FRAGMENT_HINT = ("engine.get_global_grad_norm() gives the step's gradient norm; for one parameter's gradient run "
-                  "this script with DeepSpeed itself")
-safe_get_full_grad = not_built("deepspeed.utils.safe_get_full_grad", _FRAGMENTS, hint=_FRAGMENT_HINT)
-safe_set_full_grad = not_built("deepspeed.utils.safe_set_full_grad", _FRAGMENTS, hint=_FRAGMENT_HINT)
-safe_get_local_grad = not_built("deepspeed.utils.safe_get_local_grad", _FRAGMENTS, hint=_FRAGMENT_HINT)
-safe_set_local_grad = not_built("deepspeed.utils.safe_set_local_grad", _FRAGMENTS, hint=_FRAGMENT_HINT)
-safe_update_full_grad_vectorized = not_built("deepspeed.utils.safe_update_full_grad_vectorized", _FRAGMENTS,
-                                             hint=_FRAGMENT_HINT)
-
-_LEAVES = "ZeRO-3 leaf modules (gathering a module's parameters as one unit, for MoE)"
-_LEAVES_HINT = ("without leaf modules, a stage-3 MoE whose experts do not all run on every rank would hang; "
-                "run it with DeepSpeed itself or at stage 2")
-set_z3_leaf_modules = not_built("deepspeed.utils.set_z3_leaf_modules", _LEAVES, hint=_LEAVES_HINT)
-unset_z3_leaf_modules = not_built("deepspeed.utils.unset_z3_leaf_modules", _LEAVES, hint=_LEAVES_HINT)
 
 _SEQUENCE = "DeepSpeed's Ulysses sequence-parallel groups (deepspeed.utils.groups._get_sequence_parallel_*)"
 _SEQUENCE_HINT = "leave sequence parallelism off (sp_size 1), or run this script with DeepSpeed itself"

@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from launcher.zero.errors import ConfigError
+from launcher.zero.errors import ConfigError, NotSupportedError
 
 if TYPE_CHECKING:  # pragma: no cover
     from launcher.zero.config.load import ZeroConfig
@@ -222,6 +222,10 @@ class ZeroStrategy(ABC):
         ``write_back``: what changed inside goes back where they live. Nothing to do unless
         they live in files (stage 3's NVMe offload)."""
         return contextlib.nullcontext()
+
+    def grad_of(self, fragment: Fragment) -> torch.Tensor:
+        """The reduced gradient laid out as ``fragment.master`` (tensor-fragment API's gradients)."""
+        raise NotSupportedError(f"reading one parameter's gradient at {type(self).__name__}")
 
     def sync_params_from_master(self) -> None:
         """Refresh the model parameters from the masters (after a checkpoint load)."""

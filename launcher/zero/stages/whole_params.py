@@ -264,6 +264,9 @@ class WholeParamsStrategy(ZeroStrategy):
                                           numel=end - start, shape=slot.shape))
         return found
 
+    def grad_of(self, fragment: Fragment) -> torch.Tensor:
+        return self.reduction.owned(self.group_position(fragment.group))
+
     def memory_breakdown(self) -> dict[str, int]:
         trainable = {id(p) for group in self.groups for p in group.params}
         frozen = sum(p.numel() * p.element_size() for p in self.module.parameters() if id(p) not in trainable)

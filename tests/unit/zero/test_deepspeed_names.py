@@ -406,14 +406,15 @@ def test_the_local_functions_are_stage_3_only_and_give_this_ranks_partition():
         safe_get_local_fp32_param(engine.module[0].weight)
 
 
-def test_a_parameter_no_engine_trains_reads_as_none_and_the_gradient_functions_say_not_supported():
+def test_a_parameter_no_engine_trains_reads_as_none_or_its_own_gradient():
     from launcher.zero import utils
 
-    assert utils.safe_get_full_fp32_param(torch.nn.Parameter(torch.zeros(2))) is None
-    for name in ("safe_get_full_grad", "safe_set_full_grad", "safe_get_local_grad", "safe_set_local_grad",
-                 "safe_update_full_grad_vectorized", "unset_z3_leaf_modules"):
-        with pytest.raises(NotSupportedError, match=name):
-            getattr(utils, name)(torch.nn.Parameter(torch.zeros(2)))
+    param = torch.nn.Parameter(torch.zeros(2))
+    assert utils.safe_get_full_fp32_param(param) is None and utils.safe_get_full_grad(param) is None
+    param.grad = torch.ones(2)
+    assert utils.safe_get_full_grad(param) is param.grad      # as DeepSpeed: the parameter's own .grad
+    utils.safe_set_full_grad(param, torch.full((2,), 3.0))
+    assert torch.equal(param.grad, torch.full((2,), 3.0))
 
 
 # ---- the shim answers every new path ------------------------------------------------------------
@@ -445,3 +446,18 @@ def test_the_shim_answers_each_new_deepspeed_path_and_name():
     done = subprocess.run([sys.executable, "-c", SHIM_CHECK, ",".join(NEW_PATHS), ",".join(NEW_NAMES)],
                           capture_output=True, text=True, cwd=REPO)
     assert done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_z3_leaf_flags_set_read_and_clear_as_deepspeeds():
+    from launcher.zero import utils
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(2, 2)))
+    assert utils.set_z3_leaf_modules(model, [torch.nn.ReLU, "Linear"]) == [model[0], model[1][0], model[1][1]]
+    assert utils.z3_leaf_module(model[0]) and not utils.z3_leaf_module(model)
+    assert utils.get_z3_leaf_modules(model) == [model[0], model[1][0], model[1][1]]
+    assert utils.unset_z3_leaf_modules(model, ["torch.nn.modules.linear.Linear"]) == [model[0], model[1][1]]
+    assert utils.get_z3_leaf_modules(model) == [model[1][0]]
+    with pytest.raises(ValueError, match="No modules of type"):
+        utils.set_z3_leaf_modules(model, [torch.nn.Conv1d])
+    assert utils.set_z3_leaf_modules(model, [torch.nn.Conv1d], raise_if_not_found=False) == []
+    assert utils.set_z3_leaf_modules_by_name(model, ["1", "9"], raise_if_not_found=False) == ([model[1]], ["9"])

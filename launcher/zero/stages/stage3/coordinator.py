@@ -10,6 +10,15 @@ replaces every saved partitioned parameter (or view of one) by a small reference
 really frees the memory, and the unpack side gathers the parameter again right when the
 backward of the op that used it runs. Releasing after backward is the strategy's gradient hook.
 
+A parameter read outside every hooked module (TRL's fused LM head takes ``lm_head.weight`` at the
+model's top level and hands it to its own autograd Function, which reads ``ds_status`` in backward)
+is saved without these hooks: PyTorch hands a hook-unpacked tensor back as a new plain tensor
+without the parameter's attributes, so the hooks are lifted from that read until the next hooked
+module starts, and what is gathered at the end of such a forward stays gathered for backward (each
+is released by its gradient hook or at the end of backward). A custom Function there gets the
+parameter itself back, gathered, as under DeepSpeed. One called inside a hooked module still gets
+a plain tensor.
+
 Access: a module may read a parameter of a child it never calls (``nn.MultiheadAttention``
 uses ``out_proj.weight`` directly), or return one of its parameters for its caller to use (a tied
 output layer handed the embedding's weight): a parameter among a module's outputs stays gathered
@@ -65,7 +74,7 @@ class _GatheringParams(dict):
     def __getitem__(self, key):
         value = dict.__getitem__(self, key)
         state = getattr(value, "ds_state", None)      # None for a plain parameter (and for None)
-        if state is not None and state.status != _AVAILABLE:
+        if state is not None and (state.status != _AVAILABLE or not self.coordinator._frames):
             self.coordinator.on_access(value)
         return value
 
@@ -169,11 +178,23 @@ class ParamCoordinator:
         self._frontier = 0
         self._back_frontier = 0
         self._units: list[torch.nn.Module] = []   # gathered whole, see use_units
+        self.leaves: list[torch.nn.Module] = []   # the outermost leaf modules, see install
+        self._lifted = False          # our saved-tensor hooks are off the stack (a top-level read)
+        self._lifted_this_forward = False
         self._unit_ids: set[int] = set()
 
     # ---- installation -----------------------------------------------------------------
     def install(self) -> None:
-        inside = {id(m) for unit in self._units for m in unit.modules() if m is not unit}
+        # ZeRO-3 leaf modules (utils/z3_leaf_module.py) are gathered whole, as units are
+        explicit = {id(unit) for unit in self._units}
+        leaves = [m for m in self.root.modules() if getattr(m, "_z3_leaf", False) and id(m) not in explicit]
+        units = self._units + leaves
+        self._unit_ids = {id(unit) for unit in units}
+        inside = {id(m) for unit in units for m in unit.modules() if m is not unit}
+        self.leaves = [leaf for leaf in leaves if id(leaf) not in inside]
+        for leaf in self.leaves:
+            for p in leaf.parameters():
+                p.ds_z3_leaf_module = leaf
         for module in self.root.modules():
             if id(module) in inside:
                 continue
@@ -195,12 +216,28 @@ class ParamCoordinator:
                 module._parameters = dict(module._parameters)
 
     def on_access(self, p) -> None:
-        """A released parameter was read: gather it while a forward (or a recomputation) runs."""
+        """A partitioned parameter was read, released or outside every hooked module: gather it
+        while a forward (or a recomputation) runs; a top-level read lifts the saved-tensor hooks."""
         if not (self._in_forward or self._frames):
             return
-        self.fetch([p])
-        if self._frames:
-            self._frames[-1].append(p)   # else the root's post-hook releases it with the rest
+        if p.ds_state.status != _AVAILABLE:
+            self.fetch([p])
+            if self._frames:
+                self._frames[-1].append(p)   # else the root's post-hook releases it with the rest
+        if not self._frames and not self._lifted and torch.is_grad_enabled():
+            self._lift_saved_hooks()
+
+    def _lift_saved_hooks(self) -> None:
+        """Take our saved-tensor hooks off the stack if they are on top (module docstring)."""
+        top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+        if self._saved_hooks is None or top is None or top[0] != self._pack:
+            return
+        torch._C._autograd._pop_saved_tensors_default_hooks()
+        self._lifted = self._lifted_this_forward = True
+
+    def _restore_saved_hooks(self) -> None:
+        torch._C._autograd._push_saved_tensors_default_hooks(self._pack, self._unpack)
+        self._lifted = False
 
     # ---- caches ---------------------------------------------------------------------------
     def _own_params(self, module) -> tuple[torch.nn.Parameter, ...]:
@@ -298,14 +335,17 @@ class ParamCoordinator:
         self._running: list[int] = []
         self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._saved_hooks.__enter__()
+        self._lifted = self._lifted_this_forward = False
+        self._frames.clear()   # a recomputation in the last backward may have left some
         self._in_forward = True
 
     def _after_root(self, module, args, output):
         self._in_forward = False
         self._frames.clear()
         if self._saved_hooks is not None:
-            self._saved_hooks.__exit__(None, None, None)
-            self._saved_hooks = None
+            if not self._lifted:
+                self._saved_hooks.__exit__(None, None, None)
+            self._saved_hooks, self._lifted = None, False
         if not self.recorded and self.trace:
             self.recorded = True
             self._plan_reuse()
@@ -316,9 +356,12 @@ class ParamCoordinator:
                 self._index_of.setdefault(id(traced), []).append(index)
         self.backward_position = len(self.trace)
         self._back_frontier = len(self.trace)
-        self.release_all()
+        if not self._lifted_this_forward:   # else saved unhooked: kept for backward (docstring)
+            self.release_all()
 
     def _before_module(self, module, args):
+        if self._lifted:
+            self._restore_saved_hooks()
         if not self.recorded:
             self.trace.append(module)
             self.position = len(self.trace) - 1

@@ -26,6 +26,10 @@ class Stage3State:
                                           param_start=slot.param_start, numel=slot.covered, shape=slot.shape))
         return found
 
+    def grad_of(self, fragment: Fragment) -> torch.Tensor:
+        position = next(i for i, master in enumerate(self.masters) if master is fragment.master)
+        return self.grads[position]
+
     def _group_index(self, position: int) -> int:
         masters = {id(m): i for i, g in enumerate(self.optimizer.param_groups) for m in g["params"]}
         return masters[id(self.masters[position])]

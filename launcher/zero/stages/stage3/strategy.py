@@ -107,6 +107,7 @@ class Stage3Strategy(Stage3Nvme, Stage3State, ZeroStrategy):
             optimizer.state_feed = self.nvme_feed = self.nvme.feed(self._copy_chunk)
         self.coordinator = ParamCoordinator(module, self.options)
         self.coordinator.install()
+        self._find_leaf_slots()
         self._overlap_helper = None
         self.spare_grads: list[torch.Tensor] = []   # overlap_step's second gradient buffers
         if self.offload_optimizer and zero.offload_optimizer.overlap_step:
@@ -283,14 +284,43 @@ class Stage3Strategy(Stage3Nvme, Stage3State, ZeroStrategy):
         return flat
 
     # ---- backward -------------------------------------------------------------------------
+    def _find_leaf_slots(self) -> None:
+        """The (group, slot) of each partitioned parameter inside a ZeRO-3 leaf module, in a
+        fixed order. Which of a leaf's children run can differ between ranks, so their
+        gradients are kept until the end of backward and reduced there, in this order, a zero
+        gradient for a parameter this rank did not use: every rank then calls the same
+        reduce-scatters in the same order."""
+        leaves = [m for m in self.module.modules() if getattr(m, "_z3_leaf", False)]
+        leaf_params = {id(p) for leaf in leaves for p in leaf.parameters()}
+        self._leaf_slots = {(position, slot_index): None
+                            for position, params in enumerate(self.group_params)
+                            for slot_index, p in enumerate(params)
+                            if id(p) in leaf_params and P.is_partitioned(p)}
+
+    def _reduce_leaf_grads(self) -> None:
+        for key, grad in self._leaf_slots.items():
+            p = self.group_params[key[0]][key[1]]
+            self._reduce(key[0], key[1], grad if grad is not None else torch.zeros(
+                P.full_shape(p), dtype=p.dtype, device=self.context.dist_context.device))
+            self._leaf_slots[key] = None
+
     def _on_grad(self, position: int, slot_index: int) -> None:
-        """A partitioned parameter's full gradient is ready: reduce-scatter it into the owner shards."""
+        """A partitioned parameter's full gradient is ready: reduce-scatter it into the owner shards
+        (a leaf module's: at the end of backward, ``_find_leaf_slots``)."""
         p = self.group_params[position][slot_index]
-        slot = self.group_slots[position][slot_index]
         grad, p.grad = p.grad, None
         self.coordinator.release(p)
         if grad is None:
             return
+        key = (position, slot_index)
+        if key in self._leaf_slots:
+            held = self._leaf_slots[key]
+            self._leaf_slots[key] = grad if held is None else held + grad
+            return
+        self._reduce(position, slot_index, grad)
+
+    def _reduce(self, position: int, slot_index: int, grad: torch.Tensor) -> None:
+        slot = self.group_slots[position][slot_index]
         ctx = self.context
         world = ctx.dist_context.world_size
         target = self.grads[position][slot.offset:slot.offset + slot.length]
@@ -350,6 +380,8 @@ class Stage3Strategy(Stage3Nvme, Stage3State, ZeroStrategy):
             target.add_(host)
 
     def post_backward(self, is_boundary: bool) -> None:
+        if self._leaf_slots:
+            self._reduce_leaf_grads()
         self._finish_pending()
         self.coordinator.release_all()
         if is_boundary:
