@@ -71,13 +71,9 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
 
     tensor_info = _tensor_parallel_info(mpu, model) if mpu is not None else None   # before stage 3 partitions
     experts = set_up_experts(model, dist_context, cfg, mpu)   # MoE: expert groups built and handed out
-    params = list(model_parameters) if model_parameters is not None else list(model.parameters())
-    if optimizer is None and cfg.optimizer is None:   # for evaluation: DeepSpeed's DummyOptim holds every parameter
-        params = list(model.parameters())
+    params = _optimizer_params(model, model_parameters, optimizer, cfg)
     # full sizes: a model built under zero.Init is partitioned already (ds_numel), others are before stage 3 runs
     param_count = sum(int(getattr(p, "ds_numel", p.numel())) for p in model.parameters())
-    if cfg.optimizer is not None and cfg.optimizer.type.lower() == "muon":
-        tag_matrices(model)   # DeepSpeed tags the model's parameters whenever the config names Muon
     optimizer, handles_comm = _client_optimizer(optimizer, params, experts, cfg, dist_context)
     context = StrategyContext(config=cfg, dist_context=dist_context, precision=precision,
                               reduce_gradients=not handles_comm, expert_data_contexts=experts.contexts)
@@ -115,6 +111,17 @@ def _client_optimizer(optimizer, params, experts, cfg, dist_context: DistContext
         raise ConfigError(f"optimizer {type(optimizer).__name__} does its own gradient communication and needs "
                           f"zero_optimization.stage 0 (got {cfg.zero_stage})", hint="set zero_optimization.stage to 0")
     return optimizer, handles_comm
+
+
+def _optimizer_params(model, model_parameters, optimizer, cfg) -> list:
+    """What the optimizer holds: ``model_parameters``, else the model's; every parameter for an
+    evaluation engine (no optimizer anywhere: DeepSpeed's DummyOptim holds them all). A config naming
+    Muon tags the model's matrices first, as DeepSpeed does whenever it names Muon."""
+    if cfg.optimizer is not None and cfg.optimizer.type.lower() == "muon":
+        tag_matrices(model)
+    if model_parameters is None or (optimizer is None and cfg.optimizer is None):
+        return list(model.parameters())
+    return list(model_parameters)
 
 
 def _attach_muon(optimizer: MuonWithAdam, strategy, stage: int) -> None:

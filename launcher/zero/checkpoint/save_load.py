@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.zero.checkpoint import digest
+from launcher.zero.checkpoint.writing import attempt, bytes_of, write_file
 from launcher.zero.checkpoint import format as fmt
 from launcher.zero.checkpoint.deepspeed_reader import is_deepspeed_checkpoint, read_deepspeed
 from launcher.zero.errors import CheckpointDamagedError, CheckpointError, CheckpointPathError
@@ -44,14 +45,14 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None =
     problem = None
     if lead:
         shutil.rmtree(partial, ignore_errors=True)
-        problem = _attempt(save_dir, partial, 0, lambda: os.makedirs(partial))
+        problem = attempt(save_dir, partial, 0, lambda: os.makedirs(partial))
     _agree_or_raise(engine, problem, partial, lead)
     fragments = _global_names(engine, engine.strategy.fragments())
     with engine.strategy.states_resident(write_back=False):
         shard = _shard(engine, fragments)
     written: dict[str, dict] = {}   # file name -> size and digest, of the files this rank wrote
-    problem = _attempt(save_dir, partial, _bytes_of(shard),
-                       lambda: _write(partial, fmt.shard_name(rank, prefix), shard, written))
+    problem = attempt(save_dir, partial, bytes_of(shard),
+                      lambda: write_file(partial, fmt.shard_name(rank, prefix), shard, written))
     listings = _all_gather_object(engine, [[f.name, f.param_start, f.numel] for f in fragments])
     module_state = engine.strategy.module_state_dict()  # collective at stage 3
     if exclude_frozen_parameters:
@@ -61,46 +62,15 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None =
         states = _model_states(engine, module_state, client_state or {})
 
         def write_states():
-            _write(partial, prefix + fmt.MODEL_STATES, states, written)
-            _write(partial, fmt.metadata_name(tensor.rank), _metadata(engine, listings), written)
-        problem = _attempt(save_dir, partial, _bytes_of(states) + _bytes_of(shard), write_states)
+            write_file(partial, prefix + fmt.MODEL_STATES, states, written)
+            write_file(partial, fmt.metadata_name(tensor.rank), _metadata(engine, listings), written)
+        problem = attempt(save_dir, partial, bytes_of(states) + bytes_of(shard), write_states)
     files = _agree_or_raise(engine, problem, partial, lead, written)
     if lead:   # the digests last, then the folder; a full disk can still refuse them or 'latest'
-        problem = _attempt(save_dir, partial, len(tag), lambda: (digest.write_manifest(partial, files),
+        problem = attempt(save_dir, partial, len(tag), lambda: (digest.write_manifest(partial, files),
                                                                  _publish(save_dir, partial, tag, save_latest)))
     _agree_or_raise(engine, problem, partial, lead)
     return True
-
-
-def _attempt(save_dir: str, partial: str, needed: int, write) -> str | None:
-    """Run ``write``; an OSError (a full disk, a read-only folder) as one sentence, else None."""
-    try:
-        write()
-        return None
-    except (OSError, RuntimeError) as error:   # torch.save reports a failed write as a RuntimeError
-        try:
-            free = shutil.disk_usage(save_dir).free
-        except OSError:
-            free = -1
-        if isinstance(error, OSError) and error.errno:
-            reason = os.strerror(error.errno)
-        elif 0 <= free < max(needed, 1) or "unexpected pos" in str(error) or "iostream" in str(error):
-            reason = "the file system is full"   # torch's words for it: "unexpected pos", "iostream error"
-        else:
-            reason = str(error).splitlines()[0]
-        return (f"cannot write checkpoint into {partial}: {reason}; this rank's part needs about {needed} bytes, "
-                f"{free if free >= 0 else 'an unknown number of'} bytes are free")
-
-
-def _write(folder: str, name: str, value, written: dict) -> None:
-    """One checkpoint file (JSON for metadata, else torch.save), and its digest into ``written``."""
-    path = os.path.join(folder, name)
-    if name.endswith(".json"):
-        with open(path, "w", encoding="utf-8") as handle:
-            json.dump(value, handle, indent=1)
-    else:
-        torch.save(value, path)
-    written[name] = digest.file_digest(path)
 
 
 def _agree_or_raise(engine, problem: str | None, partial: str, lead: bool, written: dict | None = None) -> dict:
@@ -114,17 +84,6 @@ def _agree_or_raise(engine, problem: str | None, partial: str, lead: bool, writt
         shutil.rmtree(partial, ignore_errors=True)   # the last complete checkpoint and `latest` stay as they are
     raise CheckpointError(problems[0], hint="free space there (or save elsewhere); the last complete checkpoint "
                                             "and 'latest' are unchanged")
-
-
-def _bytes_of(value) -> int:
-    """Bytes of the tensors in a nested structure: about what torch.save writes."""
-    if torch.is_tensor(value):
-        return value.numel() * value.element_size()
-    if isinstance(value, dict):
-        return sum(_bytes_of(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(_bytes_of(v) for v in value)
-    return 0
 
 
 def _shard(engine, fragments) -> dict:

@@ -37,20 +37,7 @@ def build_optimizer(spec, params, process_group=None, offload: bool = False,
         if name in ("adam", "adamw") and offload and not kwargs.get("torch_adam", False):
             return _cpu_adam(params, name, kwargs, bf16_moments)
         if name in ("adam", "adamw"):
-            adam_w_mode = kwargs.pop("adam_w_mode", True)
-            if kwargs.pop("bias_correction", True) is not True:
-                raise ConfigError("optimizer.params.bias_correction: only true is supported",
-                                  hint="remove bias_correction")
-            fused = kwargs.pop("fused", None)
-            for key in _ADAM_ONLY_KEYS:
-                kwargs.pop(key, None)
-            params = materialize_params(params)
-            # one fused kernel over all tensors on the GPU (the foreach path makes several passes)
-            if fused is None:
-                fused = all_on_cuda(params) or bf16_moments
-            # DeepSpeed: "Adam" means decoupled weight decay unless adam_w_mode is false
-            cls = torch.optim.AdamW if (name == "adamw" or adam_w_mode) else torch.optim.Adam
-            return cls(params, fused=bool(fused) or None, **kwargs)
+            return _device_adam(params, name, kwargs, bf16_moments)
         if name == "lamb":
             from launcher.zero.optim.lamb import Lamb
 
@@ -76,6 +63,23 @@ def build_optimizer(spec, params, process_group=None, offload: bool = False,
     except (TypeError, ValueError) as error:
         raise ConfigError(f"optimizer.params: {spec.type}: {error}",
                           hint=f"check the constructor arguments of {spec.type}") from None
+
+
+def _device_adam(params, name: str, kwargs: dict, bf16_moments: bool) -> torch.optim.Optimizer:
+    """torch's Adam or AdamW where the parameters are (DeepSpeed's FusedAdam's place)."""
+    adam_w_mode = kwargs.pop("adam_w_mode", True)
+    if kwargs.pop("bias_correction", True) is not True:
+        raise ConfigError("optimizer.params.bias_correction: only true is supported", hint="remove bias_correction")
+    fused = kwargs.pop("fused", None)
+    for key in _ADAM_ONLY_KEYS:
+        kwargs.pop(key, None)
+    params = materialize_params(params)
+    # one fused kernel over all tensors on the GPU (the foreach path makes several passes)
+    if fused is None:
+        fused = all_on_cuda(params) or bf16_moments
+    # DeepSpeed: "Adam" means decoupled weight decay unless adam_w_mode is false
+    cls = torch.optim.AdamW if (name == "adamw" or adam_w_mode) else torch.optim.Adam
+    return cls(params, fused=bool(fused) or None, **kwargs)
 
 
 def _cpu_adam(params, name: str, kwargs: dict, bf16_moments: bool) -> torch.optim.Optimizer:
