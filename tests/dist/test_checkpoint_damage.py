@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.damage import by_mode, warnings
 from tests.helpers.world import check, run_world
 
 WORKER = Path(__file__).parent / "workers" / "ckpt_damage_worker.py"
@@ -19,16 +20,7 @@ def world(tmp_path_factory):
     """One 2-rank world runs every damage (a process start per mode would cost ~10 s each on 2 cores)."""
     folder = tmp_path_factory.mktemp("damage")
     ranks = check(run_world(WORKER, 2, str(folder), *MODES, timeout=300))
-    return folder, ranks[0].records()[0], [_by_mode(r.stderr) for r in ranks]
-
-
-def _by_mode(stderr: str) -> dict:
-    parts = re.split(r"^MODE (\w+)$", stderr, flags=re.M)
-    return {mode: text for mode, text in zip(parts[1::2], parts[2::2])}
-
-
-def warnings(text: str) -> list[str]:
-    return [line for line in text.splitlines() if "warning:" in line]
+    return folder, ranks[0].records()[0], [by_mode(r.stderr) for r in ranks]
 
 
 @pytest.mark.parametrize("mode, what", [("truncated", r"rank_1_shard\.pt: truncated \(\d+ bytes, \d+ were written\)"),

@@ -105,3 +105,4 @@ def check_tag(folder: str) -> bool:
     for name, entry in sorted((files or {}).items()):
         check_file(os.path.join(folder, name), entry)
     return files is not None
+

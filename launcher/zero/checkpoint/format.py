@@ -134,3 +134,30 @@ def full_fp32_params(path: str, metadata: dict, prefix: str = "") -> dict:
             target = full[fragment["name"]]
             copy_overlap(target, 0, fragment["fp32"].float(), fragment["param_start"])
     return {p["name"]: full[p["name"]].view(p["shape"]) for p in metadata["params"]}
+
+
+def newest_intact(load_dir: str, tag: str, explicit: bool, read, agree):
+    """The first intact tag, as every rank sees it: ``tag`` (asked for by name when ``explicit``,
+    else 'latest''s), then the other complete tags, newest saved first. ``read(path)`` reads or
+    checks this rank's files of a tag (raising CheckpointDamagedError); ``agree(problem)`` gathers
+    every rank's problem ("" for none), so all ranks take the same tag. Returns
+    ``(tag, read's value, [(damaged tag, its first problem)])``; a damaged tag asked for by name,
+    or no intact tag, is a CheckpointDamagedError on every rank."""
+    candidates = [tag] if explicit else [tag] + [t for t in digest.tags_newest_first(load_dir) if t != tag]
+    damaged: list[tuple[str, str]] = []
+    for candidate in candidates:
+        try:
+            value, problem = read(tag_dir(load_dir, candidate)), ""
+        except CheckpointDamagedError as error:
+            value, problem = None, str(error)
+        problems = [p for p in agree(problem) if p]
+        if not problems:
+            return candidate, value, damaged
+        if explicit:
+            raise CheckpointDamagedError(f"checkpoint '{tag}' is damaged: {problems[0]}",
+                                         hint="restore the file from a copy, or load another tag (without tag= "
+                                              "load_checkpoint takes the newest intact one)")
+        damaged.append((candidate, problems[0]))
+    every = "; ".join(f"'{t}': {p}" for t, p in damaged)
+    raise CheckpointDamagedError(f"no intact checkpoint in {load_dir}: {every}",
+                                 hint="restore the damaged files from a copy, or start without load_checkpoint")

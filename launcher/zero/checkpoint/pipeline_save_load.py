@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from launcher.zero.checkpoint import digest
 from launcher.zero.checkpoint import format as fmt
-from launcher.zero.errors import CheckpointDamagedError, CheckpointError
+from launcher.zero.errors import CheckpointError
 
 
 def layer_file(index: int, model_rank: int) -> str:
@@ -211,30 +211,19 @@ def _intact_tag(engine, load_dir: str, tag: str, explicit: bool) -> str:
     """The tag asked for, else (from 'latest') the newest intact one. Every rank checks the files it
     will read (rank 0 also that every listed file is there at its size), then the ranks agree, so all
     of them load the same tag; one message for the job, from rank 0."""
-    candidates = [tag] if explicit else [tag] + [t for t in digest.tags_newest_first(load_dir) if t != tag]
-    damaged: list[tuple[str, str]] = []
-    for candidate in candidates:
-        path = fmt.tag_dir(load_dir, candidate)
-        try:
-            _check_mine(engine, path)
-            problem = ""
-        except CheckpointDamagedError as error:
-            problem = str(error)
+    def agree(problem: str) -> list:
         every = [None] * dist.get_world_size()
         dist.all_gather_object(every, problem)
-        problems = [p for p in every if p]
-        if not problems:
-            if engine.global_rank == 0:
-                _say_what_was_loaded(load_dir, candidate, path, damaged)
-            return path
-        if explicit:
-            raise CheckpointDamagedError(f"checkpoint '{tag}' is damaged: {problems[0]}",
-                                         hint="restore the file from a copy, or load another tag (without tag= "
-                                              "load_checkpoint takes the newest intact one)")
-        damaged.append((candidate, problems[0]))
-    listed = "; ".join(f"'{t}': {p}" for t, p in damaged)
-    raise CheckpointDamagedError(f"no intact checkpoint in {load_dir}: {listed}",
-                                 hint="restore the damaged files from a copy, or start without load_checkpoint")
+        return every
+
+    def check(path: str) -> str:
+        _check_mine(engine, path)
+        return path
+
+    candidate, path, damaged = fmt.newest_intact(load_dir, tag, explicit, check, agree)
+    if engine.global_rank == 0:
+        _say_what_was_loaded(load_dir, candidate, path, damaged)
+    return path
 
 
 def _say_what_was_loaded(load_dir: str, tag: str, path: str, damaged: list) -> None:

@@ -25,7 +25,7 @@ from launcher.zero.checkpoint import digest
 from launcher.zero.checkpoint.writing import attempt, bytes_of, write_file
 from launcher.zero.checkpoint import format as fmt
 from launcher.zero.checkpoint.deepspeed_reader import is_deepspeed_checkpoint, read_deepspeed
-from launcher.zero.errors import CheckpointDamagedError, CheckpointError, CheckpointPathError
+from launcher.zero.errors import CheckpointError, CheckpointPathError
 from launcher.zero.experts.wiring import every_expert_entry, global_expert_name
 
 SCALAR = "scalars"
@@ -222,26 +222,11 @@ class _TagRead:
 def _read_intact(engine, load_dir: str, tag: str, explicit: bool) -> _TagRead:
     """The tag asked for, else (from 'latest') the newest intact one; every rank reads its files,
     then the ranks agree, so all of them restore the same tag. One message for the job, from rank 0."""
-    candidates = [tag] if explicit else [tag] + [t for t in digest.tags_newest_first(load_dir) if t != tag]
-    damaged: list[tuple[str, str]] = []
-    for candidate in candidates:
-        path = fmt.tag_dir(load_dir, candidate)
-        try:
-            read, problem = _read_tag(engine, path), ""
-        except CheckpointDamagedError as error:
-            read, problem = None, str(error)
-        problems = [p for p in _all_gather_object(engine, problem, whole_job=True) if p]
-        if not problems:
-            _say_what_was_loaded(engine, load_dir, candidate, damaged, read)
-            return read
-        if explicit:
-            raise CheckpointDamagedError(f"checkpoint '{tag}' is damaged: {problems[0]}",
-                                         hint="restore the file from a copy, or load another tag (without tag= "
-                                              "load_checkpoint takes the newest intact one)")
-        damaged.append((candidate, problems[0]))
-    every = "; ".join(f"'{t}': {p}" for t, p in damaged)
-    raise CheckpointDamagedError(f"no intact checkpoint in {load_dir}: {every}",
-                                 hint="restore the damaged files from a copy, or start without load_checkpoint")
+    candidate, read, damaged = fmt.newest_intact(
+        load_dir, tag, explicit, functools.partial(_read_tag, engine),
+        lambda problem: _all_gather_object(engine, problem, whole_job=True))
+    _say_what_was_loaded(engine, load_dir, candidate, damaged, read)
+    return read
 
 
 def _say_what_was_loaded(engine, load_dir: str, tag: str, damaged: list, read: _TagRead) -> None:

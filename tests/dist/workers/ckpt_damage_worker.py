@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from launcher import zero
 from launcher.zero.errors import CheckpointError
+from tests.helpers.damage import damage as hurt
 
 SHARD = "rank_1_shard.pt"
 
@@ -43,21 +44,10 @@ def weights(engine):
 
 
 def damage(tag_dir, mode):
-    if mode == "truncated":
-        path = os.path.join(tag_dir, SHARD)
-        os.truncate(path, os.path.getsize(path) // 2)
-    elif mode == "bitflip":   # the middle of the shard: tensor bytes, which torch.load reads without complaint
-        path = os.path.join(tag_dir, SHARD)
-        with open(path, "r+b") as handle:
-            handle.seek(os.path.getsize(path) // 2)
-            byte = handle.read(1)
-            handle.seek(-1, os.SEEK_CUR)
-            handle.write(bytes([byte[0] ^ 0x10]))
-    elif mode == "missing":
-        os.remove(os.path.join(tag_dir, SHARD))
-    elif mode == "explicit":
-        path = os.path.join(tag_dir, "model_states.pt")
-        os.truncate(path, os.path.getsize(path) - 100)
+    if mode == "explicit":
+        hurt(os.path.join(tag_dir, "model_states.pt"), "shortened")
+    elif mode in ("truncated", "bitflip", "missing"):
+        hurt(os.path.join(tag_dir, SHARD), mode)
 
 
 def scenario(folder, mode):

@@ -20,6 +20,7 @@ from launcher.zero.errors import CheckpointError
 from launcher.zero.parallel.grid import ParallelGrid
 from launcher.zero.parallel.topology import PipeModelDataParallelTopology
 from launcher.zero.pipe import LayerSpec, PipelineModule
+from tests.helpers.damage import damage as hurt
 
 OPTIM_1 = "optim_pipe_01_model_00.pt"
 
@@ -47,21 +48,10 @@ def weights(engine):
 
 
 def damage(tag_dir, mode):
-    if mode == "truncated":
-        path = os.path.join(tag_dir, OPTIM_1)
-        os.truncate(path, os.path.getsize(path) // 2)
-    elif mode == "bitflip":   # the middle of the file: tensor bytes, which torch.load reads without complaint
-        path = os.path.join(tag_dir, OPTIM_1)
-        with open(path, "r+b") as handle:
-            handle.seek(os.path.getsize(path) // 2)
-            byte = handle.read(1)
-            handle.seek(-1, os.SEEK_CUR)
-            handle.write(bytes([byte[0] ^ 0x10]))
-    elif mode == "missing":
-        os.remove(os.path.join(tag_dir, OPTIM_1))
-    elif mode == "explicit":
-        path = os.path.join(tag_dir, "layer_00-model_00-model_states.pt")
-        os.truncate(path, os.path.getsize(path) - 100)
+    if mode == "explicit":
+        hurt(os.path.join(tag_dir, "layer_00-model_00-model_states.pt"), "shortened")
+    else:
+        hurt(os.path.join(tag_dir, OPTIM_1), mode)
 
 
 def scenario(folder, mode):
