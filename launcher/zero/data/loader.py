@@ -7,8 +7,8 @@ Nothing calls ``set_epoch``: every pass repeats the first pass's order until the
 ``loader.data_sampler.set_epoch``. ``EngineDataLoader`` yields exactly those batches.
 
 It also leaves torch's global RNG as DeepSpeed's does, the stream dropout and a dataset's random
-transforms draw from: the batches are read in 2 worker processes per rank (DeepSpeed's ``2 x
-device_count`` with one device a rank), which draw their random numbers from a seed the DataLoader
+transforms draw from: the batches are read in DeepSpeed's ``2 x device_count`` worker processes
+per rank (the GPUs this rank sees; 1 without one), which draw their random numbers from a seed the DataLoader
 takes from the global RNG at ``iter(loader)`` (DeepSpeed's ``(x for x in loader)`` starts the
 iterator there: a generator expression evaluates its source at once).
 
@@ -27,7 +27,12 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 ROUTES = ("train", "eval", "predict")
-IO_WORKERS = 2  # DeepSpeed's default worker processes a rank; a random transform's draws depend on it
+
+
+def io_workers() -> int:
+    """DeepSpeed's default worker processes a rank, ``2 x device_count``: which worker reads which batch,
+    so what a random transform draws, depends on it."""
+    return 2 * (torch.cuda.device_count() if torch.cuda.is_available() else 1)
 
 
 class EngineSampler(DistributedSampler):
@@ -74,10 +79,10 @@ class EngineDataLoader:
     """
 
     def __init__(self, dataset, batch_size: int, data_sampler, world_size: int, collate_fn=None,
-                 drop_last: bool = False, pin_memory: bool = False, num_workers: int = IO_WORKERS):
+                 drop_last: bool = False, pin_memory: bool = False, num_workers: int | None = None):
         self.dataset, self.batch_size, self.data_sampler = dataset, batch_size, data_sampler
         self.world_size, self.collate_fn, self.drop_last = world_size, collate_fn, drop_last
-        self.pin_memory, self.num_workers = pin_memory, num_workers
+        self.pin_memory, self.num_workers = pin_memory, io_workers() if num_workers is None else num_workers
         self._batches = None
         self._pass_start = 0  # where the current pass began in its order (not 0 after a resume)
         self._taken = 0       # micro-batches of the current pass handed out
@@ -126,7 +131,7 @@ def build_dataloader(dataset, config, dist_context, collate_fn=None, *, batch_si
     """The loader DeepSpeed's ``deepspeed_io`` builds: this data rank's ``DistributedSampler`` share in micro-batches.
 
     Training shuffles (seed 0), evaluation and prediction do not. `num_workers`: worker processes
-    a rank (DeepSpeed's 2 unless given; 0 reads in the rank, whose random transforms then draw from
+    a rank (DeepSpeed's 2 x the GPUs the rank sees, 2 without one, unless given; 0 reads in the rank, whose random transforms then draw from
     the rank's RNG, dropout's). `pin_memory`: page-locked batches for faster copies to a GPU
     (default: on when training on one).
     """
@@ -136,7 +141,7 @@ def build_dataloader(dataset, config, dist_context, collate_fn=None, *, batch_si
     return EngineDataLoader(dataset, batch_size or config.train_micro_batch_size_per_gpu, data_sampler,
                             dist_context.world_size, collate_fn=collate_fn, drop_last=config.dataloader_drop_last,
                             pin_memory=on_gpu if pin_memory is None else bool(pin_memory) and torch.cuda.is_available(),
-                            num_workers=IO_WORKERS if num_workers is None else num_workers)
+                            num_workers=num_workers)
 
 
 class RepeatingLoader:
