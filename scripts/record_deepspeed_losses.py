@@ -67,6 +67,8 @@ def accelerate_run(stage: int, part: str, *extra: str) -> list[str]:
 def cases() -> dict[str, list[list[str]]]:
     """Case name -> the runs it is made of, in order ({out}: the case's own scratch folder)."""
     table = framework_cases()
+    # training_data='s loader: its worker processes and when it draws its seed (random transforms, dropout)
+    table["loader_rng"] = [["tests/dist/workers/loader_rng_worker.py", "--report", "{out}/report.json"]]
     for stage in range(4):
         table[f"trainer_zero{stage}"] = [trainer_run(stage, "straight")]
         table[f"trainer_zero{stage}_resume"] = [trainer_run(stage, "interrupted", "--stop_after_step", "5"),

@@ -6,6 +6,12 @@ DataLoader of the micro-batch size that keeps a short last batch unless ``datalo
 Nothing calls ``set_epoch``: every pass repeats the first pass's order until the script calls
 ``loader.data_sampler.set_epoch``. ``EngineDataLoader`` yields exactly those batches.
 
+It also leaves torch's global RNG as DeepSpeed's does, the stream dropout and a dataset's random
+transforms draw from: the batches are read in DeepSpeed's ``2 x device_count`` worker processes
+per rank (the GPUs this rank sees; 1 without one), which draw their random numbers from a seed the DataLoader
+takes from the global RNG at ``iter(loader)`` (DeepSpeed's ``(x for x in loader)`` starts the
+iterator there: a generator expression evaluates its source at once).
+
 Why a pass resumes at another world size: rank r's micro-batch b holds the positions
 ``world_size * (b * micro + i) + r`` of the pass's order, so the ranks' micro-batches b together are
 the positions ``[b, b + 1) * micro * world_size``, and an optimizer step of ``train_batch_size``
@@ -21,6 +27,12 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 ROUTES = ("train", "eval", "predict")
+
+
+def io_workers() -> int:
+    """DeepSpeed's default worker processes a rank, ``2 x device_count``: which worker reads which batch,
+    so what a random transform draws, depends on it."""
+    return 2 * (torch.cuda.device_count() if torch.cuda.is_available() else 1)
 
 
 class EngineSampler(DistributedSampler):
@@ -67,10 +79,10 @@ class EngineDataLoader:
     """
 
     def __init__(self, dataset, batch_size: int, data_sampler, world_size: int, collate_fn=None,
-                 drop_last: bool = False, pin_memory: bool = False, num_workers: int = 0):
+                 drop_last: bool = False, pin_memory: bool = False, num_workers: int | None = None):
         self.dataset, self.batch_size, self.data_sampler = dataset, batch_size, data_sampler
         self.world_size, self.collate_fn, self.drop_last = world_size, collate_fn, drop_last
-        self.pin_memory, self.num_workers = pin_memory, num_workers
+        self.pin_memory, self.num_workers = pin_memory, io_workers() if num_workers is None else num_workers
         self._batches = None
         self._pass_start = 0  # where the current pass began in its order (not 0 after a resume)
         self._taken = 0       # micro-batches of the current pass handed out
@@ -89,7 +101,7 @@ class EngineDataLoader:
         loader = DataLoader(self.dataset, batch_size=self.batch_size, sampler=self.data_sampler,
                             collate_fn=self.collate_fn, drop_last=self.drop_last, pin_memory=self.pin_memory,
                             num_workers=self.num_workers)
-        self._batches = iter(loader)
+        self._batches = iter(loader)  # here, as DeepSpeed's: the workers' seed is drawn now, not at next()
         return self
 
     def __next__(self):
@@ -118,10 +130,10 @@ def build_dataloader(dataset, config, dist_context, collate_fn=None, *, batch_si
                      route: str = "train", num_workers=None, pin_memory: bool | None = None) -> EngineDataLoader:
     """The loader DeepSpeed's ``deepspeed_io`` builds: this data rank's ``DistributedSampler`` share in micro-batches.
 
-    Training shuffles (seed 0), evaluation and prediction do not. DeepSpeed starts two worker
-    processes per rank by default; here the batches are read in the rank itself unless
-    `num_workers` says otherwise (the batches are the same either way). `pin_memory`: page-locked
-    batches for faster copies to a GPU (default: on when training on one).
+    Training shuffles (seed 0), evaluation and prediction do not. `num_workers`: worker processes
+    a rank (DeepSpeed's 2 x the GPUs the rank sees, 2 without one, unless given; 0 reads in the rank, whose random transforms then draw from
+    the rank's RNG, dropout's). `pin_memory`: page-locked batches for faster copies to a GPU
+    (default: on when training on one).
     """
     on_gpu = dist_context.device.type == "cuda" and torch.cuda.is_available()
     if data_sampler is None:
@@ -129,7 +141,7 @@ def build_dataloader(dataset, config, dist_context, collate_fn=None, *, batch_si
     return EngineDataLoader(dataset, batch_size or config.train_micro_batch_size_per_gpu, data_sampler,
                             dist_context.world_size, collate_fn=collate_fn, drop_last=config.dataloader_drop_last,
                             pin_memory=on_gpu if pin_memory is None else bool(pin_memory) and torch.cuda.is_available(),
-                            num_workers=num_workers or 0)
+                            num_workers=num_workers)
 
 
 class RepeatingLoader:

@@ -398,8 +398,9 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
     def deepspeed_io(self, dataset, batch_size=None, route="train", pin_memory=None, data_sampler=None,
                      collate_fn=None, num_local_io_workers=None):
         """DeepSpeed's loader over ``dataset``: this rank's ``DistributedSampler`` share in micro-batches.
-        ``pin_memory`` (default: on a GPU) and ``num_local_io_workers`` (worker processes, default none)
-        go to the DataLoader; routes "eval" and "predict" do not shuffle."""
+        ``pin_memory`` (default: on a GPU) and ``num_local_io_workers`` (worker processes; default
+        DeepSpeed's 2 x the GPUs this rank sees, 2 on a CPU) go to the DataLoader; routes "eval" and
+        "predict" do not shuffle."""
         if route not in ROUTES:
             raise ConfigError(f"deepspeed_io: route {route!r} is not one of {ROUTES}", hint='route="train"')
         return build_dataloader(dataset, self.zero_config, self.dist_context, collate_fn, batch_size=batch_size,

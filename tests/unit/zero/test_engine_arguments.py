@@ -59,9 +59,10 @@ def test_load_checkpoint_refuses_a_custom_load_fn(tmp_path):
 def test_deepspeed_io_takes_the_workers_and_refuses_an_unknown_route():
     engine, *_ = zero.initialize(model=torch.nn.Linear(4, 2), config=CONFIG)
     dataset = torch.utils.data.TensorDataset(torch.zeros(6, 4))
-    assert engine.deepspeed_io(dataset).num_workers == 0
-    loader = engine.deepspeed_io(dataset, route="train", pin_memory=False, num_local_io_workers=2)
-    assert loader.num_workers == 2 and not loader.pin_memory
+    assert engine.deepspeed_io(dataset).num_workers == 2   # DeepSpeed's 2 x device_count; 1 device on a CPU
+    assert engine.deepspeed_io(dataset, num_local_io_workers=0).num_workers == 0
+    loader = engine.deepspeed_io(dataset, route="train", pin_memory=False, num_local_io_workers=3)
+    assert loader.num_workers == 3 and not loader.pin_memory
     assert not engine.deepspeed_io(dataset, route="eval").data_sampler.shuffle
     with pytest.raises(ConfigError, match="route 'test'"):
         engine.deepspeed_io(dataset, route="test")
