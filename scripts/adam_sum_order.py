@@ -29,20 +29,7 @@ import os
 import torch
 
 import deepspeed
-
-
-def alexnet_shaped(classes: int = 10, dropout: float = 0.0) -> torch.nn.Module:
-    """AlexNet's layers (5 convolutions, 3 linear layers, 61M weights; written here, not torchvision's)."""
-    relu = lambda: torch.nn.ReLU(inplace=True)   # noqa: E731
-    features = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 64, 11, stride=4, padding=2), relu(), torch.nn.MaxPool2d(3, 2),
-        torch.nn.Conv2d(64, 192, 5, padding=2), relu(), torch.nn.MaxPool2d(3, 2),
-        torch.nn.Conv2d(192, 384, 3, padding=1), relu(), torch.nn.Conv2d(384, 256, 3, padding=1), relu(),
-        torch.nn.Conv2d(256, 256, 3, padding=1), relu(), torch.nn.MaxPool2d(3, 2))
-    classifier = torch.nn.Sequential(
-        torch.nn.Dropout(dropout), torch.nn.Linear(256 * 6 * 6, 4096), relu(), torch.nn.Dropout(dropout),
-        torch.nn.Linear(4096, 4096), relu(), torch.nn.Linear(4096, classes))
-    return torch.nn.Sequential(features, torch.nn.AdaptiveAvgPool2d((6, 6)), torch.nn.Flatten(1), classifier)
+from alexnet_data_path import alexnet_shaped   # torchvision's AlexNet, written once (scripts/)
 
 
 def parse_args() -> argparse.Namespace:
