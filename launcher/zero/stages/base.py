@@ -25,7 +25,7 @@ the methods below, always in this order:
     checkpoints: fragments(), full_shapes(), module_state_dict(), load_module_state_dict(),
                  sync_params_from_master(), gathered_16bit_state_dict() (save_16bit_model)
     between steps: release_gathered() (engine.empty_partition_cache); destroy()
-    reporting:   memory_breakdown()
+    reporting:   memory_breakdown(), nvme_summary() (initialize's start lines)
 
 Every method the engine calls is declared here; a stage overrides what it does differently, and
 the engine never probes a strategy for optional methods.
@@ -266,6 +266,10 @@ class ZeroStrategy(ABC):
             self.overlap.close()
 
     # ---- reporting -----------------------------------------------------------------------
+    def nvme_summary(self) -> str | None:
+        """The start line of NVMe offload (stage 3 says where the states go); None without it."""
+        return None
+
     @abstractmethod
     def memory_breakdown(self) -> dict[str, int]:
         """Bytes this rank holds: keys ``parameters``, ``gradients``, ``master_weights``, ``optimizer_states``."""
