@@ -6,8 +6,9 @@ that update is optimizer_step.py's ``take_model_step``, the pipeline engine's to
 update (``update_parameters``: gradients onto the masters, the global norm, skip or
 unscale-and-clip, the optimizer), then the scheduler and the counters. The optimizer
 ``initialize`` hands back (zero_optimizer.py) runs the same ``update_parameters``. Where tensors live and how they move between
-ranks is the strategy's job (stages/base.py declares every method the engine calls); what is
-printed and recorded is reporting.py's; checkpoints are checkpoint/save_load.py's.
+ranks is the strategy's job (stages/base.py declares every method the engine calls); what
+watches the step (timers, the progress line, stall beats, FLOPs, the inf/NaN trace) is called at
+its boundaries through one StepObserver (step_observer.py); checkpoints are checkpoint/save_load.py's.
 """
 from __future__ import annotations
 
