@@ -46,7 +46,7 @@ def launch_try(plan: JobPlan, environ: dict[str, str], drop_unusable: bool = Fal
     environ = dict(environ)
     env = runner.runner_env(plan, environ) if hasattr(runner, "runner_env") else environ
 
-    per_node = getattr(runner, "PER_NODE", False)
+    per_node = runner.PER_NODE
     _ensure_fd_limit(len(plan.nodes), FDS_PER_NODE if per_node else 2)
     controller = Controller(plan, delivery=runner.SECRET_DELIVERY, drop_unusable=drop_unusable)
     credentials = controller.credentials

@@ -33,3 +33,4 @@ def render(plan: JobPlan, endpoint: ControlEndpoint) -> list[list[str]]:
 
 LABEL = "mpirun"   # how the controller names this runner's process
 SECRET_DELIVERY = "env"   # $DSLAUNCH_AGENT_SECRET in mpirun's environment, exported with -x
+PER_NODE = False   # one process starts every node (ssh.py: one per node)

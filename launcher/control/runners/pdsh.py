@@ -39,3 +39,4 @@ def runner_env(plan: JobPlan, environ: dict[str, str]) -> dict[str, str]:
 
 LABEL = "pdsh"   # how the controller names this runner's process
 SECRET_DELIVERY = "ticket"   # pdsh has no per-node stdin: a one-time ticket, once per node, from its address
+PER_NODE = False   # one process starts every node (ssh.py: one per node)

@@ -100,3 +100,4 @@ def render(plan: JobPlan, endpoint: ControlEndpoint) -> list[list[str]]:
 
 LABEL = "srun"   # how the controller names this runner's process
 SECRET_DELIVERY = "env"   # $DSLAUNCH_AGENT_SECRET in srun's environment (srun exports it to the tasks)
+PER_NODE = False   # one process starts every node (ssh.py: one per node)

@@ -161,7 +161,7 @@ def _say_ready(engine: ZeroEngine, monitor: Monitor, param_count: int) -> None:
     precision = "fp16" if cfg.fp16.enabled else "bf16" if cfg.bf16.enabled else "fp32"
     monitor.log(ready_line(cfg.zero_stage, precision, engine.dist_context.world_size, param_count,
                            engine.memory_breakdown()))
-    nvme_line = getattr(engine.strategy, "nvme_summary", lambda: None)()
+    nvme_line = engine.strategy.nvme_summary()
     if nvme_line:
         monitor.log(nvme_line)
     if precision != "fp32" and engine.dist_context.device.type == "cpu":

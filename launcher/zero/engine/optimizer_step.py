@@ -1,14 +1,15 @@
 """The optimizer step of both engines, at an accumulation boundary, read top to bottom.
 
     update_parameters:  masters get their gradients -> the global norm -> skip (non-finite, the fp16
-                        scale drops) or unscale-and-clip -> the optimizer -> masters into the model
+                        scale drops) or unscale and clip -> the optimizer -> masters into the model
     take_model_step:    update_parameters, then the scheduler and the step counters
 
 What moves tensors is the strategy's (stages/base.py: ZeroStrategy's step methods; the pipeline
 engine's stage is one too, pipeline/stage_strategy.py). What decides is here, once: the skip rule
-(precision.policy.skips_non_finite), the clip factor (stages/base.py ``grad_factor``), the fp16
-loss scaler's update, and the counters. ``ZeroEngine.step`` and ``PipelineEngine.train_batch``
-call ``take_model_step``; the optimizer ``initialize`` hands out calls ``update_parameters``.
+(precision.policy.skips_non_finite), unscaling and clipping (stages/base.py ``clip_coefficient``,
+``unscale_and_clip_factor``), which thread runs the optimizer (``step_optimizer``), the fp16 loss
+scaler's update, and the counters. ``ZeroEngine.step`` and ``PipelineEngine.train_batch`` call
+``take_model_step``; the optimizer ``initialize`` hands out calls ``update_parameters``.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import torch
 
 from launcher.zero.optim.step_factor import factor_in_kernel, fuses_grad_factor
 from launcher.zero.precision.loss_scaler import LossScaler
-from launcher.zero.stages.base import DeviceNorm, ZeroStrategy, grad_factor
+from launcher.zero.stages.base import DeviceNorm, ZeroStrategy, unscale_and_clip_factor
 
 
 @dataclass(frozen=True)
@@ -80,8 +81,9 @@ def update_parameters(strategy: ZeroStrategy, optimizer: torch.optim.Optimizer, 
         _skip(scaler, scale, step, log)
         strategy.zero_grad()
         return StepOutcome(applied=False, norm=None)
-    # DeepSpeed fuses unscaling and clipping: grads /= scale * max(1, (norm + 1e-6) / clip)
-    unscale_clip_and_step(strategy, optimizer, grad_factor(norm, scale, rules.clip), rules.device)
+    # unscale (1 / scale) and clip (1 / clip_coefficient) in one multiply, as DeepSpeed fuses them
+    factor = unscale_and_clip_factor(norm, scale, rules.clip)
+    step_optimizer(strategy, optimizer, factor, rules.device)
     if scaler is not None:
         scaler.update(False)
     return StepOutcome(applied=True, norm=norm)
@@ -104,20 +106,24 @@ def global_norm(strategy: ZeroStrategy, scale: float, on_device: bool) -> float 
     return float("inf") if stats.overflow else stats.norm / scale
 
 
-def unscale_clip_and_step(strategy: ZeroStrategy, optimizer: torch.optim.Optimizer, factor: float | torch.Tensor,
-                          device: torch.device) -> None:
+def step_optimizer(strategy: ZeroStrategy, optimizer: torch.optim.Optimizer, factor: float | torch.Tensor,
+                   device: torch.device) -> None:
     """Multiply the master grads by ``factor`` (unscale and clip), step the optimizer, bring the
-    masters to the model. torch's fused Adam/AdamW applies the factor as its kernel reads each
-    gradient (optim/step_factor.py says when); any other optimizer gets a pass of its own first.
-    With ``offload_optimizer.overlap_step`` a background thread runs the optimizer and the rest."""
+    masters to the model, drop the grads. Which thread runs the optimizer is decided here:
+    torch's fused Adam/AdamW (optim/step_factor.py says when) runs in this thread and applies the
+    factor as its kernel reads each gradient; with ``offload_optimizer.overlap_step`` the
+    strategy's overlap worker thread runs it and the rest; any other optimizer runs in this
+    thread after a pass of its own over the grads."""
     if fuses_grad_factor(optimizer, strategy.masters_on_device):
         with factor_in_kernel(optimizer, factor, device):
-            optimizer.step()
+            optimizer.step()                      # this thread
+    elif strategy.overlap is not None:
+        strategy.scale_master_grads(factor)
+        strategy.start_background_step(optimizer)  # the worker thread steps, writes the model, drops the grads
+        return
     else:
         strategy.scale_master_grads(factor)
-        if strategy.step_in_background(optimizer):
-            return                       # the background thread steps, writes the model, drops the grads
-        optimizer.step()
+        optimizer.step()                          # this thread
     strategy.after_optimizer_step()   # masters -> model parameters (all-gathered when partitioned)
     strategy.zero_grad()
 

@@ -1,7 +1,8 @@
 """Progress reporting of the data-parallel engine: the loss of the steps since the last report,
 the phase timers, and what a boundary step prints and records.
 
-The engine tells it what happened (an input's shape, a micro-step's loss, a finished step); it
+The engine's StepObserver (step_observer.py) tells it what happened (an input's shape, a
+micro-step's loss, a finished step); it
 decides when to read the loss (a host sync) and what goes to the console and the metric files.
 The engine's StepWatch (watch.py) adds its metric events to a step's facts, and its model
 TFLOP/s and MFU to the printed line.
@@ -11,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -28,6 +29,8 @@ class StepFacts:
     loss_scale: float              # 1.0 without fp16
     fp16: bool                     # whether a loss scaler runs (its scale is then recorded)
     skipped: int                   # skipped_steps
+    #: the step's global gradient norm: a float, a DeviceNorm not yet read, None after a skip
+    grad_norm: Any = None
     #: more metric events of this step: the watch's grad norm, samples/s, tokens/s, skipped steps
     events: dict = field(default_factory=dict)
 

@@ -1,7 +1,9 @@
 """What the engine watches besides the loss: FLOPs (the profiler, MFU) and the first non-finite step.
 
-The engine calls one method at each point of the step (forward, backward, optimizer step, report);
-each is a few attribute reads unless something is due: a FLOPs count at one step (the profile
+The engine's StepObserver (step_observer.py) calls one method at each point of the step (forward,
+backward, optimizer step, report), with the facts it needs: a ``WatchedRun`` (what stays fixed:
+the module, the loss scaler, the stage) and the step's numbers, never the engine itself. Each is
+a few attribute reads unless something is due: a FLOPs count at one step (the profile
 step, or the first step when the progress line has a peak to show MFU against), or a diagnosis
 at the job's first step whose gradients hold inf/NaN.
 
@@ -16,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -26,9 +30,25 @@ from launcher.zero.flops.counter import CountFailure, FlopCount, FlopCounter, ea
 from launcher.zero.flops.peak import peak_tflops, throughput_fields
 from launcher.zero.flops.profiler import write_profile
 from launcher.zero.flops.report import StepFacts, profile_text
+from launcher.zero.precision.loss_scaler import LossScaler
+from launcher.zero.stages.base import DeviceNorm
+
+if TYPE_CHECKING:  # pragma: no cover
+    from launcher.zero.engine.reporting import Progress, StepFacts as StepReport
 
 STOP_HINT = 'the job stops on inf/NaN because "non_finite": {"action": "stop"}; lower the learning rate, ' \
             'check the named layer and the data of that step, or resume from the last checkpoint'
+
+
+@dataclass(frozen=True)
+class WatchedRun:
+    """What the watch reads of an engine, fixed when the engine is built."""
+
+    module: torch.nn.Module
+    loss_scaler: LossScaler | None
+    stage: int                  # ZeRO stage: a re-run's backward only below 3 (parameters stay gathered)
+    micro_batch: int            # train_micro_batch_size_per_gpu, for the profile
+    progress: "Progress"        # the step's summed losses (pending_loss) and tokens per sample
 
 
 class StepWatch:
@@ -61,27 +81,27 @@ class StepWatch:
         self._tracing = config.non_finite.trace
 
     # ---- the step's points ----------------------------------------------------------------
-    def forward_begins(self, engine, args, kwargs) -> None:
+    def forward_begins(self, run: WatchedRun, step: int, compiled: bool, args, kwargs) -> None:
         if self._tracing:
-            self._trace_forward(engine)
+            self._trace_forward(run.module, compiled)
         elif self.config.non_finite.diagnose:
             self._inputs = (args, kwargs)   # references only: the re-run's inputs if this step goes non-finite
-        if self._count_due(engine) and not self.counter.start():
+        if self._count_due(step, compiled) and not self.counter.start():
             self._count_failed(self.counter.failure)
         if self.counter.counting:
             self._sync()
             self._began = time.perf_counter()
             self.counter.forward_begins()
 
-    def _trace_forward(self, engine) -> None:
+    def _trace_forward(self, module: torch.nn.Module, compiled: bool) -> None:
         """Hook the module at its first forward (not under torch.compile: hooks would change what
         compiles); then mark a new micro-batch."""
         if self._trace is None:
-            if engine.is_compiled:
+            if compiled:
                 self._tracing = False
                 return
             try:
-                self._trace = NanTrace(engine.module)
+                self._trace = NanTrace(module)
             except Exception as error:   # the trace is the watch's; the step is the job's
                 self._tracing = False
                 self.monitor.warn(f"inf/NaN tracing off: {type(error).__name__}: {error}; training goes on")
@@ -94,12 +114,12 @@ class StepWatch:
             self._trace.remove()
         self._trace, self._tracing = None, False
 
-    def _count_due(self, engine) -> bool:
+    def _count_due(self, step: int, compiled: bool) -> bool:
         """Whether this forward starts the count: the count step's first micro-step, not yet counted."""
-        if self.count_step is None or engine.global_steps != self.count_step or self.counter.counting \
+        if self.count_step is None or step != self.count_step or self.counter.counting \
                 or self.flops_per_step is not None:
             return False
-        if engine.is_compiled and not eager_counting_supported():
+        if compiled and not eager_counting_supported():
             self.count_step = None
             self.monitor.warn(f"no MFU{' and no flops profile' if self.profile_step is not None else ''}: "
                               f"counting FLOPs would keep torch.compile from compiling on torch {torch.__version__} "
@@ -148,18 +168,20 @@ class StepWatch:
             self._times[phase] += time.perf_counter() - self._began
 
     @contextlib.contextmanager
-    def guard_step(self, engine):
-        """Turn fp16's 'loss scale at its minimum' into a stop that says where the inf came from."""
+    def guard_step(self, run: WatchedRun, step: int):
+        """Turn fp16's 'loss scale at its minimum' into a stop that says where the inf came from
+        (``step``: the number of the step being taken)."""
         try:
             yield
         except LossScaleAtMinimumError as error:
-            raise NonFiniteError(f"{error}\n{self._diagnosis(engine, engine.global_steps + 1)}",
+            raise NonFiniteError(f"{error}\n{self._diagnosis(run, step)}",
                                  hint="the fp16 loss scale cannot go lower; try bf16, a lower learning rate, "
                                       "or check the named layer") from None
 
-    def after_step(self, engine) -> None:
+    def after_step(self, run: WatchedRun, facts: "StepReport") -> None:
+        """A boundary step is done: the profile when it was counted; a skipped step's diagnosis."""
         try:
-            self._after_step(engine)
+            self._after_step(run, facts)
         finally:
             if self._trace is not None:
                 self._trace.reset()   # the step's reductions, unread when it went well
@@ -167,32 +189,32 @@ class StepWatch:
                     self.monitor.warn(f"inf/NaN tracing off: {self._trace.error}; training goes on")
                     self.stop_tracing()
 
-    def _after_step(self, engine) -> None:
+    def _after_step(self, run: WatchedRun, facts: "StepReport") -> None:
         if self._profiling_step:
             self._profiling_step = False
             self._sync()
             self._times["step"] = time.perf_counter() - self._began
-            self._print_profile(engine)
-        skipped = engine.skipped_steps > self._skipped_seen
-        self._skipped_seen = engine.skipped_steps
+            self._print_profile(run)
+        skipped = facts.skipped > self._skipped_seen
+        self._skipped_seen = facts.skipped
         if not skipped:
-            self._previous_loss = (*engine.progress.pending_loss(), engine.global_steps)
+            self._previous_loss = (*run.progress.pending_loss(), facts.step)
             self._at_min_scale = 0
             return
-        scaler = engine.loss_scaler
+        scaler = run.loss_scaler
         if scaler is not None:   # fp16 overflows are the loss scaler's business until it is stuck
             self._at_min_scale = self._at_min_scale + 1 if scaler.scale <= scaler.rules.min_scale else 0
             if self._at_min_scale >= self.config.non_finite.stuck_scale_steps:
                 raise NonFiniteError(
                     "Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.\n"
                     f"(fp16: {self._at_min_scale} overflowing steps in a row at min_loss_scale "
-                    f"{scaler.rules.min_scale:g})\n{self._diagnosis(engine, engine.global_steps)}",
+                    f"{scaler.rules.min_scale:g})\n{self._diagnosis(run, facts.step)}",
                     hint="the fp16 loss scale cannot go lower; try bf16, a lower learning rate, or check the named layer")
             return
         if self.config.non_finite.action == "stop":
-            raise NonFiniteError(self._diagnosis(engine, engine.global_steps), hint=STOP_HINT)
+            raise NonFiniteError(self._diagnosis(run, facts.step), hint=STOP_HINT)
         if not self._diagnosed:
-            text = self._diagnosis(engine, engine.global_steps)
+            text = self._diagnosis(run, facts.step)
             if self.rank == 0:
                 self.monitor.warn(text + '\nthe step was skipped (non_finite.action "skip"); later non-finite '
                                   'steps are counted in skipped= only')
@@ -207,20 +229,20 @@ class StepWatch:
         steps_per_second = samples_per_second / max(self.config.train_batch_size or 1, 1)
         return throughput_fields(self.flops_per_step, steps_per_second, self.peak)
 
-    def event_values(self, engine) -> dict[str, float]:
+    def event_values(self, facts: "StepReport", tokens_per_sample: int | None) -> dict[str, float]:
         """Grad norm, samples/s, tokens/s and skipped steps for the metric files and services."""
-        return self._clock.values(engine, engine.progress.tokens_per_sample) if self.monitor.records else {}
+        return self._clock.values(facts, tokens_per_sample) if self.monitor.records else {}
 
     # ---- the diagnosis ------------------------------------------------------------------------
-    def _diagnosis(self, engine, step: int) -> str:
+    def _diagnosis(self, run: WatchedRun, step: int) -> str:
         """The job's first non-finite step, said once: every rank reads its trace (or re-runs its
         micro-batch where tracing is off), rank 0 tells."""
         if self._diagnosed:
             return f"non-finite loss or gradients at step {step} (where: said at the first one above)"
         self._diagnosed = True
-        finding, error = self._where(engine)
+        finding, error = self._where(run)
         previous = self._previous_loss
-        mine = (finding, _mean(*engine.progress.pending_loss()),
+        mine = (finding, _mean(*run.progress.pending_loss()),
                 _mean(previous[0], previous[1]) if previous else None, previous[2] if previous else None)
         gathered = self._gather(mine)
         losses = [(rank, entry[1]) for rank, entry in enumerate(gathered) if entry[1] is not None]
@@ -250,7 +272,7 @@ class StepWatch:
             lines.append("last finite loss: none seen before this step")
         return "\n".join(lines)
 
-    def _where(self, engine) -> tuple[Finding | None, str | None]:
+    def _where(self, run: WatchedRun) -> tuple[Finding | None, str | None]:
         """This rank's first non-finite module: from the step's trace, else (tracing off) a re-run of
         the last micro-batch; or why it could not look."""
         try:
@@ -262,9 +284,8 @@ class StepWatch:
                                 micro_batch=found.micro_batch, micro_batches=found.micro_batches,
                                 after=found.after) if found else None), None
             if self.config.non_finite.diagnose and self._inputs is not None:
-                factor = engine.loss_scaler.scale if engine.loss_scaler is not None else 1.0
-                return probe(engine.module, self._inputs, self.rank, factor,
-                             backward=engine.strategy.stage < 3), None
+                factor = run.loss_scaler.scale if run.loss_scaler is not None else 1.0
+                return probe(run.module, self._inputs, self.rank, factor, backward=run.stage < 3), None
         except Exception as failure:   # the diagnosis must never hide the step's own story
             return None, f"{type(failure).__name__}: {failure}"
         return None, None
@@ -278,16 +299,16 @@ class StepWatch:
         return gathered
 
     # ---- the profile ------------------------------------------------------------------------
-    def _print_profile(self, engine) -> None:
+    def _print_profile(self, run: WatchedRun) -> None:
         if self.profile_step is None:
             return
         section = self.config.flops_profiler
         count: FlopCount = self._count
-        facts = StepFacts(step=self.profile_step, params=sum(p.numel() for p in engine.module.parameters()),
-                          world_size=self.dist_context.world_size, micro_batch=engine.train_micro_batch_size_per_gpu(),
+        facts = StepFacts(step=self.profile_step, params=sum(p.numel() for p in run.module.parameters()),
+                          world_size=self.dist_context.world_size, micro_batch=run.micro_batch,
                           forward_s=self._times["forward"], backward_s=self._times["backward"],
                           step_s=self._times["step"])
-        types = {name: type(m).__name__ for name, m in engine.module.named_modules()}
+        types = {name: type(m).__name__ for name, m in run.module.named_modules()}
         try:
             write_profile(profile_text(count, facts, section.module_depth, section.top_modules, section.detailed,
                                        types), section.output_file)
@@ -308,10 +329,10 @@ class EventClock:
     def __init__(self):
         self._last: tuple[float, int] | None = None
 
-    def values(self, engine, tokens_per_sample: int | None) -> dict[str, float]:
-        now, samples = time.perf_counter(), engine.global_samples
-        values = {"Train/Samples/skipped_steps": float(engine.skipped_steps)}
-        norm = engine.get_global_grad_norm()
+    def values(self, facts: "StepReport", tokens_per_sample: int | None) -> dict[str, float]:
+        now, samples = time.perf_counter(), facts.samples
+        values = {"Train/Samples/skipped_steps": float(facts.skipped)}
+        norm = facts.grad_norm.value() if isinstance(facts.grad_norm, DeviceNorm) else facts.grad_norm
         if norm is not None:
             values["Train/Samples/grad_norm"] = float(norm)
         if self._last is not None and now > self._last[0]:

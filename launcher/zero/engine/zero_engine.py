@@ -6,8 +6,9 @@ that update is optimizer_step.py's ``take_model_step``, the pipeline engine's to
 update (``update_parameters``: gradients onto the masters, the global norm, skip or
 unscale-and-clip, the optimizer), then the scheduler and the counters. The optimizer
 ``initialize`` hands back (zero_optimizer.py) runs the same ``update_parameters``. Where tensors live and how they move between
-ranks is the strategy's job (stages/base.py declares every method the engine calls); what is
-printed and recorded is reporting.py's; checkpoints are checkpoint/save_load.py's.
+ranks is the strategy's job (stages/base.py declares every method the engine calls); what
+watches the step (timers, the progress line, stall beats, FLOPs, the inf/NaN trace) is called at
+its boundaries through one StepObserver (step_observer.py); checkpoints are checkpoint/save_load.py's.
 """
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from typing import Any
 
 import torch
 
-import launcher.zero.progress as rank_progress   # --stall_timeout
 from launcher.zero.checkpoint import save_load
 from launcher.zero.checkpoint.format import tensor_prefix
 from launcher.zero.config.schema import ZeroConfig
@@ -32,7 +32,8 @@ from launcher.zero.engine.estimate import out_of_memory_note
 from launcher.zero.engine.monitor import Monitor
 from launcher.zero.engine.plain_backward import BackwardHooks
 from launcher.zero.engine.reporting import Progress, StepFacts
-from launcher.zero.engine.watch import StepWatch
+from launcher.zero.engine.step_observer import StepObserver
+from launcher.zero.engine.watch import StepWatch, WatchedRun
 from launcher.zero.engine.optimizer_step import (StepCounters, StepOutcome, StepRules, norm_stays_on_device,
                                                  take_model_step, update_parameters)
 from launcher.zero.engine.zero_optimizer import EngineOptimizer, UpdateRecord, handed_out_optimizer, second_step
@@ -113,8 +114,13 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         sync = torch.cuda.synchronize if self.dist_context.device.type == "cuda" else None
         self.progress = Progress(self.zero_config, self.monitor, getattr(self.lr_scheduler, "total_num_steps", None), sync,
                                  self.watch)
-        self._backward_hooks = BackwardHooks(self.strategy.stage, self._loss_factor,
-                                             self._backward_prologue, self.strategy.post_backward)
+        hooks = BackwardHooks(self.strategy.stage, self._loss_factor, self._backward_prologue,
+                              self.strategy.post_backward)
+        run = WatchedRun(self.module, self.loss_scaler, self.strategy.stage,
+                         self.zero_config.train_micro_batch_size_per_gpu, self.progress)
+        # timers, progress line, stall beat, FLOPs, inf/NaN trace, plain-backward marks (step_observer.py)
+        self.observer = StepObserver(run, self.watch, hooks, self.counters, lambda: self.is_compiled,
+                                     self.memory_breakdown)
         fragment_access.register(self)   # deepspeed.utils.safe_get_full_fp32_param(param) finds the engine
 
     @property
@@ -172,22 +178,14 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
             return self._forward(*args, **kwargs)
 
     def _forward(self, *args, **kwargs):
-        rank_progress.reached(self.global_steps)   # --stall_timeout: a rank stuck in here falls behind
-        self.progress.timers.start("forward")
+        self.observer.forward_begins()
         if self.zero_config.fp16.enabled and self.zero_config.fp16.auto_cast:
             args, kwargs = _cast_floats(args, torch.float16), _cast_floats(kwargs, torch.float16)
         self.strategy.pre_forward()          # stage 3 gathers parameters
-        self.progress.saw_input(args)
-        self.watch.forward_begins(self, args, kwargs)
-        try:
+        with self.observer.forward(args, kwargs):
             output = self.module(*args, **kwargs)
-        except BaseException:
-            self.watch.abandon_count()   # a script that catches this (OOM retries) keeps no counter running
-            raise
-        self.watch.forward_done()
         self.strategy.post_forward()
-        self._backward_hooks.mark(output)    # a plain loss.backward() is then routed through the engine
-        self.progress.timers.stop("forward")
+        self.observer.forward_done(output)
         return output
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
@@ -197,25 +195,15 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
             return self._backward(loss, retain_graph, scale_wrt_gas)
 
     def _backward(self, loss: torch.Tensor, retain_graph: bool, scale_wrt_gas: bool) -> torch.Tensor:
-        rank_progress.reached(self.global_steps)
-        self.progress.timers.start("backward")
-        self.progress.add_loss(loss)
+        self.observer.backward_begins(loss)
         if scale_wrt_gas and self.gradient_accumulation_steps() > 1:
             loss = loss / self.gradient_accumulation_steps()
         scaled = loss * self.loss_scaler.scale if self.loss_scaler is not None else loss
         boundary = self._backward_prologue()
-        self._backward_hooks.inside_engine_backward = True
-        self.watch.backward_begins()
-        try:
+        with self.observer.backward():
             scaled.backward(retain_graph=retain_graph)
-        except BaseException:
-            self.watch.abandon_count()
-            raise
-        finally:
-            self._backward_hooks.inside_engine_backward = False
-        self.watch.backward_done()
         self.strategy.post_backward(boundary)   # the micro-step's gradient communication is done
-        self.progress.timers.stop("backward")
+        self.observer.backward_done()
         return loss
 
     def _refuse_without_optimizer(self, call: str) -> None:
@@ -245,19 +233,11 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
             raise EngineUsageError("It is illegal to call engine.step() inside no_sync context manager",
                                    hint="call engine.step() after the with-block, following a backward outside it")
         self._step_applied = False
-        rank_progress.reached(self.global_steps)
+        self.observer.step_reached()
         if self.is_gradient_accumulation_boundary():
-            self.progress.timers.start("step")
-            self.watch.step_begins()
-            with self._explain_out_of_memory(), self.watch.guard_step(self):
+            with self.observer.step(), self._explain_out_of_memory():
                 self._take_model_step(lr_kwargs)
-            self.watch.after_step(self)          # FLOPs profile, non-finite diagnosis (watch.py)
-            self.progress.timers.stop("step")
-            self.progress.after_step(StepFacts(step=self.global_steps, samples=self.global_samples,
-                                               lrs=self.get_lr(), loss_scale=self.get_loss_scale(),
-                                               fp16=self.loss_scaler is not None, skipped=self.skipped_steps,
-                                               events=self.watch.event_values(self)),
-                                     self.memory_breakdown)
+            self.observer.step_done(self._step_facts())
         self.accumulation.advance()
 
     # ---- the optimizer step, at an accumulation boundary (engine/optimizer_step.py) -------------
@@ -268,6 +248,12 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
                                   self._step_rules, self.counters, self.train_batch_size(), lr_kwargs, self._skip_log())
         self._record(outcome)
         self._step_applied = outcome.applied
+
+    def _step_facts(self) -> StepFacts:
+        """What the progress line, the metric events and the watch read of a finished step."""
+        return StepFacts(step=self.global_steps, samples=self.global_samples, lrs=self.get_lr(),
+                         loss_scale=self.get_loss_scale(), fp16=self.loss_scaler is not None,
+                         skipped=self.skipped_steps, grad_norm=self._global_grad_norm)
 
     def _skip_log(self):
         """Where a skipped step is said: fp16's overflow lines (the loss scaler's business); without

@@ -1,4 +1,4 @@
-"""Where a step's gradient factor (unscaling and clipping, stages/base.py ``grad_factor``) is applied.
+"""Where a step's gradient factor (unscaling and clipping, stages/base.py ``unscale_and_clip_factor``) is applied.
 
 The factor multiplies every master grad before the optimizer steps. torch's fused Adam and AdamW
 can divide the gradients by a ``grad_scale`` tensor as their kernel reads them (the way

@@ -29,7 +29,7 @@ ELEMENTWISE = {"adam", "adamw", "sgd", "fusedadam", "adagrad", "rmsprop"}
 
 def check_shardable(optimizer_config) -> None:
     """Stage 1 with a pipeline steps slices of tensors: only elementwise optimizers stay exact."""
-    name = str(getattr(optimizer_config, "type", "") or "").lower()
+    name = str(optimizer_config.type or "").lower() if optimizer_config is not None else ""
     if name and name not in ELEMENTWISE:
         raise ConfigError(f"zero_optimization.stage 1 with pipeline parallelism: optimizer {optimizer_config.type!r} "
                           "computes per-tensor statistics, which a data-axis slice does not have",

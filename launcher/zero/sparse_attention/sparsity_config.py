@@ -52,7 +52,7 @@ class SparsityConfig:
         self.different_layout_per_head = different_layout_per_head
         self.num_layout_heads = num_heads if different_layout_per_head else 1
         self.seed = seed
-        self.attention = getattr(self, "attention", "bidirectional")
+        self.attention = "bidirectional"   # the patterns that take attention= set theirs after this
 
     def num_blocks(self, seq_len: int) -> int:
         if seq_len % self.block != 0:

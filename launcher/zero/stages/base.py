@@ -18,13 +18,14 @@ the methods below, always in this order:
                     after_optimizer_step(); zero_grad()
                     (torch's fused Adam/AdamW over device masters takes the factor into its
                     kernel instead of scale_master_grads: optim/step_factor.py)
-    a background step (offload_optimizer.overlap_step): step_in_background(optimizer) starts
-        optimizer.step(), after_optimizer_step() and zero_grad() in a thread; wait_for_step()
-        blocks on it before anything reads parameters or optimizer state
+    a background step (offload_optimizer.overlap_step, ``overlap`` set): after scale_master_grads,
+        start_background_step(optimizer) runs optimizer.step(), after_optimizer_step() and
+        zero_grad() in the overlap's worker thread; wait_for_step() blocks on it before anything
+        reads parameters or optimizer state
     checkpoints: fragments(), full_shapes(), module_state_dict(), load_module_state_dict(),
                  sync_params_from_master(), gathered_16bit_state_dict() (save_16bit_model)
     between steps: release_gathered() (engine.empty_partition_cache); destroy()
-    reporting:   memory_breakdown()
+    reporting:   memory_breakdown(), nvme_summary() (initialize's start lines)
 
 Every method the engine calls is declared here; a stage overrides what it does differently, and
 the engine never probes a strategy for optional methods.
@@ -186,7 +187,8 @@ class ZeroStrategy(ABC):
             if master.grad is not None:
                 master.grad.mul_(factor)
 
-    #: a StepOverlap when ``offload_optimizer.overlap_step`` is on and the strategy supports it
+    #: a StepOverlap when ``offload_optimizer.overlap_step`` is on and the strategy supports it:
+    #: its worker thread, not the training thread, then runs the optimizer (start_background_step)
     overlap = None
 
     #: ``engine.compile()``: a strategy that gathers parameters in hooks (stage 3) defines
@@ -194,10 +196,10 @@ class ZeroStrategy(ABC):
     #: None: the module compiles as the compile settings say
     compile_units = None
 
-    def step_in_background(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Start ``optimizer.step()``, ``after_optimizer_step()`` and ``zero_grad()`` in the
-        background and return True; False (the default) when the engine must run them itself."""
-        return False
+    def start_background_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Start ``optimizer.step()``, ``after_optimizer_step()`` and ``zero_grad()`` in ``overlap``'s
+        worker thread and return at once; the optimizer step calls it only where ``overlap`` is set."""
+        raise NotSupportedError(f"a background optimizer step (offload_optimizer.overlap_step) at {type(self).__name__}")
 
     def wait_for_step(self) -> None:
         """Block until a background step is done (re-raising its error); a no-op without one."""
@@ -264,6 +266,10 @@ class ZeroStrategy(ABC):
             self.overlap.close()
 
     # ---- reporting -----------------------------------------------------------------------
+    def nvme_summary(self) -> str | None:
+        """The start line of NVMe offload (stage 3 says where the states go); None without it."""
+        return None
+
     @abstractmethod
     def memory_breakdown(self) -> dict[str, int]:
         """Bytes this rank holds: keys ``parameters``, ``gradients``, ``master_weights``, ``optimizer_states``."""
@@ -337,14 +343,20 @@ class DeviceNorm:
         return self._value
 
 
-def grad_factor(norm: "float | DeviceNorm", scale: float, clip: float) -> "float | torch.Tensor":
-    """What a step multiplies the master grads by, unscaling and clipping in one pass (as
-    DeepSpeed fuses them): 1 / (scale * max(1, (norm + 1e-6) / clip)) for the unscaled global
-    ``norm``, 0 when it is infinite, 1 / scale without clipping. A DeviceNorm gives a device
-    tensor (``clip_factor``, no host sync), a float norm a float."""
+def clip_coefficient(norm: float, clip: float) -> float:
+    """``gradient_clipping``: how far the unscaled global ``norm`` exceeds ``clip``, at least 1
+    (the grads are divided by it); 1 without clipping (``clip`` 0)."""
+    return max(1.0, (norm + 1e-6) / clip) if clip > 0 else 1.0
+
+
+def unscale_and_clip_factor(norm: "float | DeviceNorm", scale: float, clip: float) -> "float | torch.Tensor":
+    """What a step multiplies the master grads by: unscaling (1 / the loss ``scale``) and clipping
+    (1 / ``clip_coefficient``) in one pass, as DeepSpeed fuses them, for the unscaled global
+    ``norm``; 0 when it is infinite. A DeviceNorm gives a device tensor (``clip_factor``, no host
+    sync), a float norm a float."""
     if isinstance(norm, DeviceNorm):
         return clip_factor(norm.total, scale, clip) if clip > 0 or scale != 1.0 else 1.0
-    return 1.0 / (scale * max(1.0, (norm + 1e-6) / clip)) if clip > 0 else 1.0 / scale
+    return 1.0 / (scale * clip_coefficient(norm, clip))
 
 
 def clip_factor(total: torch.Tensor, scale: float, clip: float) -> torch.Tensor:
@@ -354,7 +366,8 @@ def clip_factor(total: torch.Tensor, scale: float, clip: float) -> torch.Tensor:
     if clip <= 0:
         return torch.full_like(total, 1.0 / scale)
     norm = total.sqrt() / scale
-    factor = 1.0 / (scale * torch.clamp((norm + 1e-6) / clip, min=1.0))
+    coefficient = torch.clamp((norm + 1e-6) / clip, min=1.0)   # clip_coefficient on the device
+    factor = 1.0 / (scale * coefficient)
     return torch.where(torch.isfinite(norm), factor, torch.zeros_like(factor))
 
 

@@ -225,12 +225,10 @@ class WholeParamsStrategy(ZeroStrategy):
                 low, high = self.partitioning.bounds(group)
                 self.partitioning.gather(buffer, low, high, group.dist_context)
 
-    def step_in_background(self, optimizer) -> bool:
+    def start_background_step(self, optimizer) -> None:
         """overlap_step: the CPU Adam and the uploads run in the worker thread; the gradients are
         dropped here at once (the step reads the other host buffer); the all-gather of more than
         one rank runs in this thread when the step is waited for, never beside another collective."""
-        if self.overlap is None:
-            return False
         update = optimizer.prepare_step()
         self.reduction.zero()
         self.placement.clear_grads(self.masters, stepping=True)
@@ -239,7 +237,6 @@ class WholeParamsStrategy(ZeroStrategy):
             update()
             self._write_back()
         self.overlap.start(len(self.masters), work)
-        return True
 
     def wait_for_step(self) -> None:
         if self.overlap is not None and self.overlap.busy:

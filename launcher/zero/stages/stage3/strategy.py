@@ -155,16 +155,13 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
         self._overlap_helper = Stage3StepOverlap(self, module, optimizer)
         self.overlap = self._overlap_helper.overlap
 
-    def step_in_background(self, optimizer) -> bool:
+    def start_background_step(self, optimizer) -> None:
         """overlap_step: the prepared CPU Adam and the uploads in the worker thread; the gradients
         move to the other buffer at once, so the next backward may run beside the step."""
-        if self._overlap_helper is None:
-            return False
         update = optimizer.prepare_step()
         self.grads, self.spare_grads = self.spare_grads, self.grads
         self.zero_grad()
         self._overlap_helper.start(update)
-        return True
 
     def _place_parameters(self, module, trainable) -> None:
         """Partition what is big enough, keep the rest whole; every rank starts from rank 0's values."""
@@ -245,7 +242,7 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
                     p.ds_after_modify = lambda param, v=view: v.copy_(param.data.reshape(-1))
         aliased = all((p.data if s.persistent else p.ds_state.shard).untyped_storage().data_ptr()
                       == master.untyped_storage().data_ptr() for p, s in zip(params, slots))
-        self.aliased = getattr(self, "aliased", True) and aliased
+        self.aliased = self.aliased and aliased   # set True in setup, before the first group
         self.flat_params.append(None if aliased else self._flatten_params(params, slots, total))
         return master
 
