@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 import launcher.zero.progress as rank_progress   # --stall_timeout
 from launcher.zero.checkpoint import pipeline_save_load
-from launcher.zero.distributed.context import DistContext
+from launcher.zero.distributed.parallel_layout import ParallelLayout
 from launcher.zero.engine.accessors import ConfigAccessors, RankAccessors, StepCounterAccessors
 from launcher.zero.engine.optimizer_step import StepCounters, StepRules, take_model_step
 from launcher.zero.errors import ConfigError, NotSupportedError
@@ -33,11 +33,12 @@ from launcher.zero.stages.base import StrategyContext
 class PipelineEngine(ConfigAccessors, RankAccessors, StepCounterAccessors):
     """DeepSpeed's ``PipelineEngine`` surface: ``train_batch``, ``eval_batch``, ``grid``, counters.
 
-    ``dist_context``: this rank's data-parallel ranks (the group ZeRO-1 shards over), with the
+    ``parallel``: the job's layout (distributed/parallel_layout.py), built from ``grid``; its data axis
+    (``dist_context``) is this rank's data-parallel ranks (the group ZeRO-1 shards over), with the
     process's local rank and device, so ``dp_world_size``, ``local_rank`` and ``device`` read as
     on the data-parallel engine (RankAccessors)."""
 
-    def __init__(self, module: PipelineModule, optimizer, lr_scheduler, config, dist_context: DistContext,
+    def __init__(self, module: PipelineModule, optimizer, lr_scheduler, config, parallel: ParallelLayout,
                  grid: ParallelGrid, schedule: str = "1f1b", masters: list | None = None, loss_scaler=None, shard=None,
                  grad_holders: list | None = None):
         self.module = module
@@ -53,7 +54,7 @@ class PipelineEngine(ConfigAccessors, RankAccessors, StepCounterAccessors):
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
         self.zero_config = config
-        self.dist_context = dist_context
+        self.dist_context = dist_context = parallel.data
         self.schedule_name = schedule
         self.grid = grid
         self.num_stages = self.grid.pipe_parallel_size
@@ -75,8 +76,8 @@ class PipelineEngine(ConfigAccessors, RankAccessors, StepCounterAccessors):
         self._tie_groups = self._build_tie_groups()
         self._sync_tied_weights()
         tied = {key: (ranks, group, self._tied_params(key)) for key, (ranks, group) in self._tie_groups.items()}
-        context = StrategyContext(config=config, dist_context=dist_context, precision=precision_policy(config))
-        self.strategy = PipelineStageStrategy(context, grid, masters, grad_holders, shard, tied)
+        context = StrategyContext(config=config, parallel=parallel, precision=precision_policy(config))
+        self.strategy = PipelineStageStrategy(context, masters, grad_holders, shard, tied)
         self.strategy.setup(module, optimizer)
         # fp32 masters and the ZeRO-1 slice were taken before the ties were synced: take them again
         if self.masters is not None:

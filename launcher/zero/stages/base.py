@@ -58,7 +58,7 @@ import contextlib
 import importlib
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -66,8 +66,11 @@ import torch
 from launcher.zero.errors import ConfigError, NotSupportedError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from typing import Mapping
+
     from launcher.zero.config.load import ZeroConfig
     from launcher.zero.distributed.context import DistContext
+    from launcher.zero.distributed.parallel_layout import ParallelLayout
     from launcher.zero.precision.policy import PrecisionPolicy
 
 
@@ -76,12 +79,22 @@ class StrategyContext:
     """Everything a strategy needs besides the module and optimizer; built by the engine."""
 
     config: "ZeroConfig"            # resolved (batch triplet filled for this world size)
-    dist_context: "DistContext"             # process group, rank, world_size, device
+    #: the parallel layout (distributed/parallel_layout.py): every axis's degree and group; a
+    #: collective asks it for its group (``parallel.group("data")``, ``parallel.expert_data(name)``)
+    parallel: "ParallelLayout"
     precision: "PrecisionPolicy"    # param dtype, gradient-accumulation dtype, communication dtype
     reduce_gradients: bool = True   # False when the optimizer does its own gradient communication
-    #: MoE: ``ep_size_<N>`` -> the context over that size's expert-data ranks; a ``moe: True``
-    #: param group of that name is reduced and partitioned over them (experts/wiring.py)
-    expert_data_contexts: dict = field(default_factory=dict)
+
+    @property
+    def dist_context(self) -> "DistContext":
+        """The data-parallel axis (process group, rank, world_size, device): ``parallel.data``."""
+        return self.parallel.data
+
+    @property
+    def expert_data_contexts(self) -> "Mapping[str, DistContext]":
+        """MoE: ``ep_size_<N>`` -> the context over that size's expert-data ranks; a ``moe: True``
+        param group of that name is reduced and partitioned over them (``parallel.experts``)."""
+        return self.parallel.experts
 
 
 @dataclass(frozen=True)

@@ -181,17 +181,17 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
                     continue
                 data = p.data.to(device=ctx.dist_context.device, dtype=dtype if p.is_floating_point() else p.dtype)
                 if ctx.dist_context.world_size > 1:
-                    broadcast_from(data, group=ctx.dist_context.group)
+                    broadcast_from(data, group=ctx.parallel.group("data"))
                 p.data = data
                 if keep_whole:
                     P.mark_persistent(p)
                 else:
-                    P.partition(p, ctx.dist_context.group, ctx.dist_context.rank, ctx.dist_context.world_size,
+                    P.partition(p, ctx.parallel.group("data"), ctx.dist_context.rank, ctx.dist_context.world_size,
                                 ctx.dist_context.device, shard_device=self.shard_device)
             for b in module.buffers():
                 b.data = b.data.to(ctx.dist_context.device)
                 if ctx.dist_context.world_size > 1:
-                    broadcast_from(b.data, group=ctx.dist_context.group)
+                    broadcast_from(b.data, group=ctx.parallel.group("data"))
 
     def _adopt(self, p, keep_whole: bool, dtype) -> None:
         """A parameter partitioned by zero.Init: check its group, fix dtype and device, maybe make it whole."""
