@@ -32,7 +32,6 @@ from launcher.zero.pipeline.module import PipelineModule
 from launcher.zero.precision.loss_scaler import LossScaler, rules_from_config
 from launcher.zero.precision.policy import precision_policy
 from launcher.zero.stages.base import StrategyContext, resolve_strategy
-from launcher.zero.stages.tensor_parallel_norm import with_tensor_parallel_norm
 
 
 def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, model_parameters=None,
@@ -78,7 +77,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     param_count = sum(int(getattr(p, "ds_numel", p.numel())) for p in model.parameters())
     optimizer, handles_comm = _client_optimizer(optimizer, params, experts, cfg, dist_context)
     context = StrategyContext(config=cfg, parallel=layout, precision=precision, reduce_gradients=not handles_comm)
-    strategy = _strategy_class(cfg, layout)(context)
+    strategy = resolve_strategy(cfg.zero_stage, offload=cfg.zero_optimization.offload_optimizer_active)(context)
     strategy.setup(model, optimizer)
     if isinstance(optimizer, MuonWithAdam):
         _attach_muon(optimizer, strategy, cfg.zero_stage)
@@ -131,14 +130,6 @@ def _attach_muon(optimizer: MuonWithAdam, strategy, stage: int) -> None:
     optimizer.attach_shards(shards_of(strategy))
     if stage in (1, 2, 3):
         strategy.before_norm.append(optimizer.orthogonalize_grads)
-
-
-def _strategy_class(cfg, layout) -> type:
-    """The stage's strategy; under tensor parallelism one whose norm spans the tensor axis."""
-    strategy_cls = resolve_strategy(cfg.zero_stage, offload=cfg.zero_optimization.offload_optimizer_active)
-    if layout.size("tensor") > 1:
-        strategy_cls = with_tensor_parallel_norm(strategy_cls, layout.group("tensor"), layout.tensor_sharded_names)
-    return strategy_cls
 
 
 def _monitor(cfg, rank: int) -> Monitor:

@@ -191,9 +191,9 @@ class WholeParamsStrategy(ZeroStrategy):
     def norm_grads(self) -> list[torch.Tensor | None]:
         return self.placement.norm_grads(self.masters)
 
-    def grad_square_sum(self) -> torch.Tensor | None:
+    def data_square_sum(self) -> torch.Tensor:
         if not self.context.parallel.experts:
-            return super().grad_square_sum()
+            return super().data_square_sum()
         # MoE: each parameter counted once, whatever ranks hold copies of it
         device = self.context.dist_context.device
         parts = [(squares_of([grad], device), group.dist_context.world_size)

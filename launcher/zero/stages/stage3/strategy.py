@@ -305,9 +305,13 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
         """Each group's gradient for this step: on the device with device_grads, else the master's .grad."""
         return list(self.grads) if self.device_grads else [master.grad for master in self.masters]
 
-    def grad_square_sum(self) -> torch.Tensor:
+    def data_square_sum(self) -> torch.Tensor:
         """Like the base, but a persistent parameter (whole on every rank) is counted once (square_sum.py)."""
         return square_sum(self)
+
+    def whole_parameter_names(self) -> set[str]:
+        """The persistent parameters: every data rank holds them whole."""
+        return {slot.name for slots in self.group_slots for slot in slots if slot.persistent}
 
     def scale_master_grads(self, factor: float) -> None:
         if self.offload_optimizer and hasattr(self.optimizer, "grad_factor"):
