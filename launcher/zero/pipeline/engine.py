@@ -54,6 +54,7 @@ class PipelineEngine(ConfigAccessors, RankAccessors, StepCounterAccessors):
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
         self.zero_config = config
+        self.parallel = parallel           # every collective below asks it for its group
         self.dist_context = dist_context = parallel.data
         self.schedule_name = schedule
         self.grid = grid
@@ -251,11 +252,11 @@ class PipelineEngine(ConfigAccessors, RankAccessors, StepCounterAccessors):
     def _mean_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
         """The batch's mean loss, averaged over the data axis, on every stage (broadcast from the last)."""
         loss = torch.stack(losses).mean() if losses else torch.zeros((), device=self.device)
-        if self.is_last_stage() and self.grid.data_parallel_size > 1:
-            dist.all_reduce(loss, group=self.grid.get_data_parallel_group())
-            loss /= self.grid.data_parallel_size
+        if self.is_last_stage() and self.parallel.size("data") > 1:
+            dist.all_reduce(loss, group=self.parallel.group("data"))
+            loss /= self.parallel.size("data")
         if self.num_stages > 1:
-            dist.broadcast(loss, src=self._peer(self.num_stages - 1), group=self.grid.get_pipe_parallel_group())
+            dist.broadcast(loss, src=self._peer(self.num_stages - 1), group=self.parallel.group("pipe"))
         return loss
 
     def train_batch(self, data_iter: Iterator | None = None) -> torch.Tensor:
@@ -298,9 +299,9 @@ class PipelineEngine(ConfigAccessors, RankAccessors, StepCounterAccessors):
 
     def _data_mean(self, value: torch.Tensor) -> torch.Tensor:
         """``value`` averaged over the data-parallel ranks (the last stage's)."""
-        if self.grid.data_parallel_size > 1:
-            dist.all_reduce(value, group=self.grid.get_data_parallel_group())
-            value /= self.grid.data_parallel_size
+        if self.parallel.size("data") > 1:
+            dist.all_reduce(value, group=self.parallel.group("data"))
+            value /= self.parallel.size("data")
         return value
 
     def _from_last_stage(self, value: torch.Tensor | None) -> torch.Tensor:
@@ -308,7 +309,7 @@ class PipelineEngine(ConfigAccessors, RankAccessors, StepCounterAccessors):
         outputs of any shape, not only a loss)."""
         if self.num_stages == 1:
             return value.float()
-        source, group, last = self._peer(self.num_stages - 1), self.grid.get_pipe_parallel_group(), value is not None
+        source, group, last = self._peer(self.num_stages - 1), self.parallel.group("pipe"), value is not None
         ndim = torch.tensor([value.dim() if last else 0], device=self.device)
         dist.broadcast(ndim, src=source, group=group)
         shape = torch.tensor(list(value.shape) if last else [0] * int(ndim), dtype=torch.long, device=self.device)
