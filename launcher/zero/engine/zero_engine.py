@@ -85,6 +85,7 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         self.dist_context = parts.dist_context
         self.precision = parts.precision
         self.strategy = parts.strategy
+        self.parallel_layout = parts.strategy.context.parallel   # every axis's degree and group (parallel_layout.py)
         self.loss_scaler = parts.loss_scaler
         self.monitor = parts.monitor
         self.training_dataloader = parts.dataloader

@@ -116,6 +116,8 @@ class ZeroStrategy(ABC):
     """Base of every ZeRO stage. Subclasses set ``stage`` and implement the abstract methods."""
 
     stage: ClassVar[int]
+    #: what the strategy runs with: the config, the parallel layout (the engine reads it too), precision
+    context: StrategyContext
     #: True when each rank's master grads cover only its partition, so norms need a sum over ranks.
     partitioned_grads: ClassVar[bool] = True
 
