@@ -9,7 +9,6 @@ import os
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 import launcher.zero.progress as rank_progress   # --stall_timeout
 from launcher.zero.assembly.builders import client_optimizer, client_scheduler
@@ -17,10 +16,11 @@ from launcher.zero.assembly.initialize_pipeline import initialize_pipeline
 from launcher.zero.config.checks import check_optimizer_section, check_scheduler_section
 from launcher.zero.config.load import load_config, no_effect_notes
 from launcher.zero.distributed.context import DistContext, context_from_group, init_distributed
+from launcher.zero.distributed.parallel_layout import layout_from_mpu, tensor_partition_dims
 from launcher.zero.data.loader import build_dataloader
 from launcher.zero.engine.monitor import Monitor, ready_line
 from launcher.zero.engine.watch import StepWatch
-from launcher.zero.engine.zero_engine import EngineParts, TensorParallelInfo, ZeroEngine
+from launcher.zero.engine.zero_engine import EngineParts, ZeroEngine
 from launcher.zero.errors import ConfigError
 from launcher.zero.experts.param_groups import configure_moe_param_groups
 from launcher.zero.experts.wiring import check_param_groups, refuse_in_pipeline, set_up_experts
@@ -28,12 +28,10 @@ from launcher.zero.failure import install_from_env
 from launcher.zero.optim import check_master_dtype_support, check_zero_support
 from launcher.zero.optim.muon import MuonWithAdam, shards_of, tag_matrices
 from launcher.zero.optim.no_optimizer import NoOptimizer
-from launcher.zero.parallel.topology import check_autotp_size
 from launcher.zero.pipeline.module import PipelineModule
 from launcher.zero.precision.loss_scaler import LossScaler, rules_from_config
 from launcher.zero.precision.policy import precision_policy
 from launcher.zero.stages.base import StrategyContext, resolve_strategy
-from launcher.zero.stages.tensor_parallel_norm import sharded_parameter_names, with_tensor_parallel_norm
 
 
 def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, model_parameters=None,
@@ -62,22 +60,24 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
         return _ready_for_stall_watch(initialize_pipeline(model, optimizer, lr_scheduler, source, training_data,
                                                           collate_fn, world))
     _check_before_rendezvous(source, environ, optimizer, lr_scheduler, mpu, process_group)
-    dist_context = context_from_group(process_group) if process_group is not None else init_distributed(env=environ)
-    dist_context = _data_parallel_context(mpu, dist_context) if mpu is not None else dist_context
+    world = context_from_group(process_group) if process_group is not None else init_distributed(env=environ)
+    layout = layout_from_mpu(world, mpu)   # the mpu read once: every axis's degree and group
+    dist_context = layout.data             # ZeRO's axis
     cfg = load_config(source, world_size=dist_context.world_size)   # its errors name the file, as before
-    check_autotp_size(cfg.unsupported, mpu.get_model_parallel_world_size() if mpu is not None else 1)
+    layout.check_config(cfg.unsupported)
     precision = precision_policy(cfg)
     model.to(device=dist_context.device, dtype=precision.param_dtype)
 
-    tensor_info = _tensor_parallel_info(mpu, model) if mpu is not None else None   # before stage 3 partitions
-    experts = set_up_experts(model, dist_context, cfg, mpu)   # MoE: expert groups built and handed out
+    # MoE: expert groups built and handed out
+    experts = set_up_experts(model, dist_context, cfg, tensor_size=layout.size("tensor"))
+    layout = layout.with_parts(experts=experts.contexts,   # tensor shards named before stage 3 partitions
+                               tensor_partition_dims=tensor_partition_dims(model) if mpu is not None else ())
     params = _optimizer_params(model, model_parameters, optimizer, cfg)
     # full sizes: a model built under zero.Init is partitioned already (ds_numel), others are before stage 3 runs
     param_count = sum(int(getattr(p, "ds_numel", p.numel())) for p in model.parameters())
     optimizer, handles_comm = _client_optimizer(optimizer, params, experts, cfg, dist_context)
-    context = StrategyContext(config=cfg, dist_context=dist_context, precision=precision,
-                              reduce_gradients=not handles_comm, expert_data_contexts=experts.contexts)
-    strategy = _strategy_class(cfg, mpu, model)(context)
+    context = StrategyContext(config=cfg, parallel=layout, precision=precision, reduce_gradients=not handles_comm)
+    strategy = resolve_strategy(cfg.zero_stage, offload=cfg.zero_optimization.offload_optimizer_active)(context)
     strategy.setup(model, optimizer)
     if isinstance(optimizer, MuonWithAdam):
         _attach_muon(optimizer, strategy, cfg.zero_stage)
@@ -89,7 +89,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     engine = ZeroEngine(EngineParts(module=model, optimizer=optimizer, lr_scheduler=scheduler, config=cfg,
                                     dist_context=dist_context, precision=precision, strategy=strategy,
                                     loss_scaler=scaler, monitor=monitor, dataloader=dataloader,
-                                    tensor_parallel=tensor_info or TensorParallelInfo(),
+                                    tensor_parallel=layout.tensor_parallel,
                                     watch=StepWatch(cfg, dist_context, monitor, environ), experts=experts))
     _ready_and_compiled(engine, monitor, param_count)
     return engine, engine.optimizer, dataloader, scheduler
@@ -130,15 +130,6 @@ def _attach_muon(optimizer: MuonWithAdam, strategy, stage: int) -> None:
     optimizer.attach_shards(shards_of(strategy))
     if stage in (1, 2, 3):
         strategy.before_norm.append(optimizer.orthogonalize_grads)
-
-
-def _strategy_class(cfg, mpu, model) -> type:
-    """The stage's strategy; under tensor parallelism (``mpu``) one whose norm spans the tensor axis."""
-    strategy_cls = resolve_strategy(cfg.zero_stage, offload=cfg.zero_optimization.offload_optimizer_active)
-    if mpu is not None and mpu.get_model_parallel_world_size() > 1:
-        strategy_cls = with_tensor_parallel_norm(strategy_cls, mpu.get_model_parallel_group(),
-                                                 sharded_parameter_names(model))
-    return strategy_cls
 
 
 def _monitor(cfg, rank: int) -> Monitor:
@@ -202,28 +193,6 @@ def _check_before_rendezvous(source, environ: dict[str, str], optimizer, lr_sche
         check_optimizer_section(cfg)
     if lr_scheduler is None and cfg.scheduler is not None:
         check_scheduler_section(cfg)
-
-
-def _tensor_parallel_info(mpu, model) -> TensorParallelInfo:
-    size, group = mpu.get_model_parallel_world_size(), mpu.get_model_parallel_group()
-    rank = mpu.get_model_parallel_rank() if callable(getattr(mpu, "get_model_parallel_rank", None)) \
-        else (dist.get_rank(group=group) if size > 1 else 0)
-    dims = tuple((name, int(param.partition_dim)) for name, param in model.named_parameters()
-                 if getattr(param, "tensor_model_parallel", False))
-    return TensorParallelInfo(rank=rank, size=size, partition_dims=dims)
-
-
-def _data_parallel_context(mpu, world: DistContext) -> DistContext:
-    """DeepSpeed's ``mpu``: ZeRO runs over its data-parallel group; the model-parallel group is the user's."""
-    needed = ("get_data_parallel_group", "get_data_parallel_world_size", "get_model_parallel_group",
-              "get_model_parallel_world_size")
-    missing = [name for name in needed if not callable(getattr(mpu, name, None))]
-    if missing:
-        raise ConfigError(f"zero.initialize: mpu lacks {', '.join(missing)}",
-                          hint="pass an object with get_(data|model)_parallel_(rank|world_size|group), "
-                               "e.g. launcher.zero.parallel.ParallelGrid(topology)")
-    return context_from_group(mpu.get_data_parallel_group(), device=world.device, local_rank=world.local_rank,
-                              local_world_size=world.local_world_size)
 
 
 def _config_source(config, config_params, args, launcher_config: str | None) -> Any:

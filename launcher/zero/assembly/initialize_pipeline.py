@@ -9,11 +9,11 @@ import torch
 
 from launcher.zero.assembly.builders import client_optimizer, client_scheduler
 from launcher.zero.config.load import load_config
-from launcher.zero.distributed.context import DistContext, context_from_group
+from launcher.zero.distributed.context import DistContext
+from launcher.zero.distributed.parallel_layout import check_autotp_size, layout_from_mpu
 from launcher.zero.data.loader import EngineDataLoader, EngineSampler, RepeatingLoader
 from launcher.zero.errors import ConfigError, NotSupportedError
 from launcher.zero.parallel.grid import ParallelGrid
-from launcher.zero.parallel.topology import check_autotp_size
 from launcher.zero.pipeline.engine import PipelineEngine
 from launcher.zero.pipeline.module import PipelineModule
 from launcher.zero.pipeline.schedule import SCHEDULES, build_schedule
@@ -31,7 +31,7 @@ def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source,
     data_parallel_size = max(1, topo.get_dim("data"))
     cfg = load_config(source, world_size=data_parallel_size)
     _check_supported(cfg)
-    check_autotp_size(cfg.unsupported, max(1, topo.get_dim("model")))
+    check_autotp_size(cfg.unsupported, max(1, topo.get_dim("model")))   # before any group is made
     schedule = _schedule_name(cfg, module.num_virtual_stages)
     _apply_checkpoint_keys(cfg.unsupported.get("pipeline") or {}, module)
     # validate eagerly: a bad schedule / micro-batch count is a ConfigError here, not a hang in train_batch
@@ -46,9 +46,9 @@ def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source,
     module.to(device=device, dtype=precision.param_dtype)
     params = [p for p in module.parameters() if p.requires_grad]
     grid = module.grid() if module.grid() is not None else ParallelGrid(topo)
-    # the data-parallel ranks: what ZeRO-1 shards over and what dp_world_size / local_rank / device answer
-    data_context = context_from_group(grid.get_data_parallel_group(), device=device, local_rank=world.local_rank,
-                                      local_world_size=world.local_world_size)
+    # the grid read once: its data axis is what ZeRO-1 shards over and what dp_world_size / local_rank /
+    # device answer; its tensor and pipe axes are the norm's
+    layout = layout_from_mpu(world, grid)
     masters = grad_holders = None
     if precision.param_dtype != torch.float32 and cfg.zero_stage == 1:
         # fp16 / bf16 at stage 1: the fp32 master is this data rank's slice alone (the shard's), the
@@ -65,7 +65,7 @@ def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source,
                               hint="pass a callable (params -> optimizer) or an 'optimizer' config section")
         if cfg.optimizer is not None and not callable(optimizer):
             check_shardable(cfg.optimizer)
-        shard = OptimizerShard(stepped, StrategyContext(config=cfg, dist_context=data_context, precision=precision))
+        shard = OptimizerShard(stepped, StrategyContext(config=cfg, parallel=layout, precision=precision))
         stepped = [shard.param]
     if not stepped:
         # a stage of parameter-free layers (Tanh, reshapes) still steps a scheduler; torch.optim wants a parameter
@@ -73,7 +73,7 @@ def initialize_pipeline(module: PipelineModule, optimizer, lr_scheduler, source,
     optimizer = client_optimizer(optimizer, stepped, cfg)
     scheduler = client_scheduler(lr_scheduler, optimizer, cfg)
     scaler = LossScaler(rules_from_config(cfg.fp16, 0)) if cfg.fp16.enabled else None
-    engine = PipelineEngine(module, optimizer, scheduler, cfg, data_context, grid, schedule=schedule, masters=masters,
+    engine = PipelineEngine(module, optimizer, scheduler, cfg, layout, grid, schedule=schedule, masters=masters,
                             grad_holders=grad_holders, loss_scaler=scaler, shard=shard)
     dataloader = _dataloader(engine, training_data, cfg, collate_fn) if training_data is not None else None
     return engine, optimizer, dataloader, scheduler

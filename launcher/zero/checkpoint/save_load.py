@@ -386,8 +386,8 @@ def _set_rng_state(state: dict) -> None:
 
 
 def _barrier(engine) -> None:
-    if engine.dist_context.world_size > 1:
-        dist.barrier(group=engine.dist_context.group)
+    if engine.parallel_layout.size("data") > 1:
+        dist.barrier(group=engine.parallel_layout.group("data"))
 
 
 def job_barrier(engine) -> None:
@@ -404,7 +404,8 @@ def _all_gather_object(engine, value, whole_job: bool = False) -> list:
 
     torch's all_gather_object needs numpy (an optional dependency of torch) to decode.
     """
-    device, group, world = engine.dist_context.device, engine.dist_context.group, engine.dist_context.world_size
+    layout = engine.parallel_layout
+    device, group, world = engine.dist_context.device, layout.group("data"), layout.size("data")
     if whole_job and engine.tensor_parallel.size > 1:
         group, world = None, dist.get_world_size()
     if world == 1:

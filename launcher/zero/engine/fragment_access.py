@@ -76,8 +76,8 @@ def get_full(param, state_key: str | None = None) -> torch.Tensor | None:
         source = _source(engine, fragment, state_key).view(-1)
         piece = source[fragment.master_offset:fragment.master_offset + fragment.numel]
         full[fragment.param_start:fragment.param_start + fragment.numel] = piece.to(full.device, torch.float32)
-    if engine.dist_context.world_size > 1:
-        dist.all_reduce(full, op=dist.ReduceOp.MAX, group=engine.dist_context.group)
+    if engine.parallel_layout.size("data") > 1:
+        dist.all_reduce(full, op=dist.ReduceOp.MAX, group=engine.parallel_layout.group("data"))
     return full.view(shape)
 
 

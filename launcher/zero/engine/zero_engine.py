@@ -23,6 +23,7 @@ from launcher.zero.checkpoint import save_load
 from launcher.zero.checkpoint.format import tensor_prefix
 from launcher.zero.config.schema import ZeroConfig
 from launcher.zero.distributed.context import DistContext
+from launcher.zero.distributed.parallel_layout import TensorParallelInfo   # the layout's tensor axis, as checkpoints record it
 from launcher.zero.engine.accessors import EngineAccessors
 from launcher.zero.engine.accumulation import Accumulation
 from launcher.zero.engine.compiling import compile_engine
@@ -42,15 +43,6 @@ from launcher.zero.experts.wiring import ExpertSetup
 from launcher.zero.precision.loss_scaler import LossScaler
 from launcher.zero.precision.policy import PrecisionPolicy, skips_non_finite
 from launcher.zero.stages.base import DeviceNorm, ZeroStrategy
-
-
-@dataclass(frozen=True)
-class TensorParallelInfo:
-    """This rank's place on the tensor axis (``zero.initialize(mpu=)``), and how its shards split."""
-
-    rank: int = 0
-    size: int = 1
-    partition_dims: tuple = ()        # (parameter name, dim) for every tensor-parallel shard
 
 
 @dataclass
@@ -94,6 +86,7 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         self.dist_context = parts.dist_context
         self.precision = parts.precision
         self.strategy = parts.strategy
+        self.parallel_layout = parts.strategy.context.parallel   # every axis's degree and group (parallel_layout.py)
         self.loss_scaler = parts.loss_scaler
         self.monitor = parts.monitor
         self.training_dataloader = parts.dataloader

@@ -63,10 +63,10 @@ def data_ranks(dist_context: DistContext) -> list[int]:
     return list(dist.get_process_group_ranks(dist_context.group))
 
 
-def set_up_experts(module: torch.nn.Module, dist_context: DistContext, config=None, mpu=None,
+def set_up_experts(module: torch.nn.Module, dist_context: DistContext, config=None, tensor_size: int = 1,
                    new_group=None) -> ExpertSetup:
     """Build the expert groups of every ``ep_size`` in ``module`` and hand them to its MoE layers;
-    ``config`` (a ZeroConfig) and ``mpu`` are checked for what MoE is not built with.
+    ``config`` (a ZeroConfig) and the layout's ``tensor_size`` are checked for what MoE is not built with.
 
     Collective when the model has MoE layers (every rank creates every group); a no-op without."""
     layers = moe_layers(module)
@@ -75,7 +75,7 @@ def set_up_experts(module: torch.nn.Module, dist_context: DistContext, config=No
         return setup
     if config is not None:
         check_engine_support(setup, config.zero_stage, bool(config.zero_optimization.offload_optimizer_active),
-                             mpu is not None and mpu.get_model_parallel_world_size() > 1)
+                             tensor_size > 1)
     ranks = data_ranks(dist_context)
     me = setup.rank = ranks[dist_context.rank]
     for ep_size in sorted({layer.ep_size for _, layer in layers}):
@@ -149,13 +149,6 @@ def check_param_groups(setup: ExpertSetup, param_groups: list[dict]) -> None:
             raise ConfigError(f"optimizer param group {index} is marked 'moe' with name {name!r}, which is no "
                               f"expert group of this model ({sorted(setup.contexts)})",
                               hint="let split_params_into_different_moe_groups_for_optimizer name the groups")
-
-
-def group_context(param_group: dict, dist_context: DistContext, contexts: dict[str, DistContext]) -> DistContext:
-    """The ranks an optimizer param group is reduced and partitioned over."""
-    if param_group.get("moe", False) and param_group.get("name") in contexts:
-        return contexts[param_group["name"]]
-    return dist_context
 
 
 # ---- what the stages ask ---------------------------------------------------------------------

@@ -10,7 +10,11 @@ from __future__ import annotations
 from collections import namedtuple
 from itertools import product
 
+from launcher.zero.distributed import parallel_layout
 from launcher.zero.errors import ConfigError
+
+#: the config's AutoTP size against the tensor size used; the parallel layout checks it now
+check_autotp_size = parallel_layout.check_autotp_size
 
 
 class ProcessTopology:
@@ -114,18 +118,3 @@ def topology_for(world_size: int, pipe: int = 1, model: int = 1) -> ProcessTopol
         raise ConfigError(f"pipeline {pipe} x tensor {model} = {pipe * model} does not divide the world of "
                           f"{world_size} ranks", hint="choose sizes whose product divides the number of ranks")
     return PipeModelDataParallelTopology(num_pp=pipe, num_mp=model, num_dp=world_size // (pipe * model))
-
-
-def check_autotp_size(sections: dict, tensor_size: int) -> None:
-    """``tensor_parallel.autotp_size`` (DeepSpeed's AutoTP key) must match the tensor size actually used.
-
-    This engine does not slice a model by itself: a size > 1 without a matching ``mpu`` (or grid) is
-    an error rather than a silent run without tensor parallelism.
-    """
-    section = sections.get("tensor_parallel") or {}
-    size = section.get("autotp_size", 0) if isinstance(section, dict) else 0
-    if size in (0, 1, None) or size == tensor_size:
-        return
-    raise ConfigError(f"tensor_parallel.autotp_size is {size} but the model runs with tensor-parallel size "
-                      f"{tensor_size}", hint="split the model with launcher.zero.parallel.tensor.apply_tensor_parallel "
-                      "and pass mpu=ParallelGrid(topology_for(world_size, model=N)) (no automatic slicing here)")

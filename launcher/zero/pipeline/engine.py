@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 import launcher.zero.progress as rank_progress   # --stall_timeout
 from launcher.zero.checkpoint import pipeline_save_load
-from launcher.zero.distributed.context import DistContext
+from launcher.zero.distributed.parallel_layout import ParallelLayout
 from launcher.zero.engine.accessors import ConfigAccessors, RankAccessors, StepCounterAccessors
 from launcher.zero.engine.optimizer_step import StepCounters, StepRules, take_model_step
 from launcher.zero.errors import ConfigError, NotSupportedError
@@ -33,11 +33,12 @@ from launcher.zero.stages.base import StrategyContext
 class PipelineEngine(ConfigAccessors, RankAccessors, StepCounterAccessors):
     """DeepSpeed's ``PipelineEngine`` surface: ``train_batch``, ``eval_batch``, ``grid``, counters.
 
-    ``dist_context``: this rank's data-parallel ranks (the group ZeRO-1 shards over), with the
+    ``parallel``: the job's layout (distributed/parallel_layout.py), built from ``grid``; its data axis
+    (``dist_context``) is this rank's data-parallel ranks (the group ZeRO-1 shards over), with the
     process's local rank and device, so ``dp_world_size``, ``local_rank`` and ``device`` read as
     on the data-parallel engine (RankAccessors)."""
 
-    def __init__(self, module: PipelineModule, optimizer, lr_scheduler, config, dist_context: DistContext,
+    def __init__(self, module: PipelineModule, optimizer, lr_scheduler, config, parallel: ParallelLayout,
                  grid: ParallelGrid, schedule: str = "1f1b", masters: list | None = None, loss_scaler=None, shard=None,
                  grad_holders: list | None = None):
         self.module = module
@@ -53,7 +54,8 @@ class PipelineEngine(ConfigAccessors, RankAccessors, StepCounterAccessors):
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
         self.zero_config = config
-        self.dist_context = dist_context
+        self.parallel = parallel           # every collective below asks it for its group
+        self.dist_context = dist_context = parallel.data
         self.schedule_name = schedule
         self.grid = grid
         self.num_stages = self.grid.pipe_parallel_size
@@ -75,8 +77,8 @@ class PipelineEngine(ConfigAccessors, RankAccessors, StepCounterAccessors):
         self._tie_groups = self._build_tie_groups()
         self._sync_tied_weights()
         tied = {key: (ranks, group, self._tied_params(key)) for key, (ranks, group) in self._tie_groups.items()}
-        context = StrategyContext(config=config, dist_context=dist_context, precision=precision_policy(config))
-        self.strategy = PipelineStageStrategy(context, grid, masters, grad_holders, shard, tied)
+        context = StrategyContext(config=config, parallel=parallel, precision=precision_policy(config))
+        self.strategy = PipelineStageStrategy(context, masters, grad_holders, shard, tied)
         self.strategy.setup(module, optimizer)
         # fp32 masters and the ZeRO-1 slice were taken before the ties were synced: take them again
         if self.masters is not None:
@@ -250,11 +252,11 @@ class PipelineEngine(ConfigAccessors, RankAccessors, StepCounterAccessors):
     def _mean_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
         """The batch's mean loss, averaged over the data axis, on every stage (broadcast from the last)."""
         loss = torch.stack(losses).mean() if losses else torch.zeros((), device=self.device)
-        if self.is_last_stage() and self.grid.data_parallel_size > 1:
-            dist.all_reduce(loss, group=self.grid.get_data_parallel_group())
-            loss /= self.grid.data_parallel_size
+        if self.is_last_stage() and self.parallel.size("data") > 1:
+            dist.all_reduce(loss, group=self.parallel.group("data"))
+            loss /= self.parallel.size("data")
         if self.num_stages > 1:
-            dist.broadcast(loss, src=self._peer(self.num_stages - 1), group=self.grid.get_pipe_parallel_group())
+            dist.broadcast(loss, src=self._peer(self.num_stages - 1), group=self.parallel.group("pipe"))
         return loss
 
     def train_batch(self, data_iter: Iterator | None = None) -> torch.Tensor:
@@ -297,9 +299,9 @@ class PipelineEngine(ConfigAccessors, RankAccessors, StepCounterAccessors):
 
     def _data_mean(self, value: torch.Tensor) -> torch.Tensor:
         """``value`` averaged over the data-parallel ranks (the last stage's)."""
-        if self.grid.data_parallel_size > 1:
-            dist.all_reduce(value, group=self.grid.get_data_parallel_group())
-            value /= self.grid.data_parallel_size
+        if self.parallel.size("data") > 1:
+            dist.all_reduce(value, group=self.parallel.group("data"))
+            value /= self.parallel.size("data")
         return value
 
     def _from_last_stage(self, value: torch.Tensor | None) -> torch.Tensor:
@@ -307,7 +309,7 @@ class PipelineEngine(ConfigAccessors, RankAccessors, StepCounterAccessors):
         outputs of any shape, not only a loss)."""
         if self.num_stages == 1:
             return value.float()
-        source, group, last = self._peer(self.num_stages - 1), self.grid.get_pipe_parallel_group(), value is not None
+        source, group, last = self._peer(self.num_stages - 1), self.parallel.group("pipe"), value is not None
         ndim = torch.tensor([value.dim() if last else 0], device=self.device)
         dist.broadcast(ndim, src=source, group=group)
         shape = torch.tensor(list(value.shape) if last else [0] * int(ndim), dtype=torch.long, device=self.device)

@@ -23,7 +23,6 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-from launcher.zero.parallel.grid import ParallelGrid
 from launcher.zero.pipeline.shard import OptimizerShard
 from launcher.zero.stages.base import Fragment, GradStats, StrategyContext, ZeroStrategy
 from launcher.zero.stages.tensor_parallel_norm import add_squares, tensor_parallel_stats
@@ -35,11 +34,10 @@ class PipelineStageStrategy(ZeroStrategy):
     stage = 0
     partitioned_grads = False
 
-    def __init__(self, context: StrategyContext, grid: ParallelGrid, masters: list | None, grad_holders: list | None,
+    def __init__(self, context: StrategyContext, masters: list | None, grad_holders: list | None,
                  shard: OptimizerShard | None, tied: dict[str, tuple[list[int], Any, list[torch.Tensor]]]):
         super().__init__(context)
         self.stage = 1 if shard is not None else 0
-        self.grid = grid
         self.masters = masters
         self.grad_holders = grad_holders
         self.shard = shard
@@ -71,10 +69,11 @@ class PipelineStageStrategy(ZeroStrategy):
             else:
                 param.grad = grad
         grads = [holder.grad for _, holder in holders]
-        if self.grid.data_parallel_size > 1 and grads:
+        data_size = self.context.parallel.size("data")
+        if data_size > 1 and grads:
             flat = _flatten_dense_tensors(grads)
-            dist.all_reduce(flat, group=self.grid.get_data_parallel_group())
-            flat /= self.grid.data_parallel_size
+            dist.all_reduce(flat, group=self.context.parallel.group("data"))
+            flat /= data_size
             for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
                 grad.copy_(reduced)
         holder_of = {id(param): holder for param, holder in holders}
@@ -101,8 +100,9 @@ class PipelineStageStrategy(ZeroStrategy):
                 totals[2] += (~torch.isfinite(grad).all()).to(totals.dtype)
             else:
                 add_squares(totals, grad, bool(getattr(param, "tensor_model_parallel", False)))
-        model = self.grid.get_model_parallel_group() if self.grid.model_parallel_size > 1 else None
-        pipe = self.grid.get_pipe_parallel_group() if self.grid.pipe_parallel_size > 1 else None
+        parallel = self.context.parallel   # an axis of size 1 has no group to sum over
+        model = parallel.group("tensor") if parallel.size("tensor") > 1 else None
+        pipe = parallel.group("pipe") if parallel.size("pipe") > 1 else None
         return tensor_parallel_stats(totals, model, pipe)
 
     def after_optimizer_step(self) -> None:

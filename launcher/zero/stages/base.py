@@ -59,16 +59,21 @@ import contextlib
 import importlib
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from launcher.zero.errors import ConfigError, NotSupportedError
 
+from launcher.zero.stages.tensor_parallel_norm import GradStats, tensor_parallel_grad_stats
+
 if TYPE_CHECKING:  # pragma: no cover
+    from typing import Mapping
+
     from launcher.zero.config.load import ZeroConfig
     from launcher.zero.distributed.context import DistContext
+    from launcher.zero.distributed.parallel_layout import ParallelLayout
     from launcher.zero.precision.policy import PrecisionPolicy
 
 
@@ -77,12 +82,22 @@ class StrategyContext:
     """Everything a strategy needs besides the module and optimizer; built by the engine."""
 
     config: "ZeroConfig"            # resolved (batch triplet filled for this world size)
-    dist_context: "DistContext"             # process group, rank, world_size, device
+    #: the parallel layout (distributed/parallel_layout.py): every axis's degree and group; a
+    #: collective asks it for its group (``parallel.group("data")``, ``parallel.expert_data(name)``)
+    parallel: "ParallelLayout"
     precision: "PrecisionPolicy"    # param dtype, gradient-accumulation dtype, communication dtype
     reduce_gradients: bool = True   # False when the optimizer does its own gradient communication
-    #: MoE: ``ep_size_<N>`` -> the context over that size's expert-data ranks; a ``moe: True``
-    #: param group of that name is reduced and partitioned over them (experts/wiring.py)
-    expert_data_contexts: dict = field(default_factory=dict)
+
+    @property
+    def dist_context(self) -> "DistContext":
+        """The data-parallel axis (process group, rank, world_size, device): ``parallel.data``."""
+        return self.parallel.data
+
+    @property
+    def expert_data_contexts(self) -> "Mapping[str, DistContext]":
+        """MoE: ``ep_size_<N>`` -> the context over that size's expert-data ranks; a ``moe: True``
+        param group of that name is reduced and partitioned over them (``parallel.experts``)."""
+        return self.parallel.experts
 
 
 @dataclass(frozen=True)
@@ -98,18 +113,12 @@ class Fragment:
     shape: tuple[int, ...]    # full shape of the parameter
 
 
-@dataclass(frozen=True)
-class GradStats:
-    """Global gradient statistics of one step, identical on every rank."""
-
-    norm: float               # L2 norm over all master grads (still times the loss scale)
-    overflow: bool            # an inf or NaN anywhere on any rank
-
-
 class ZeroStrategy(ABC):
     """Base of every ZeRO stage. Subclasses set ``stage`` and implement the abstract methods."""
 
     stage: ClassVar[int]
+    #: what the strategy runs with: the config, the parallel layout (the engine reads it too), precision
+    context: StrategyContext
     #: True when each rank's master grads cover only its partition, so norms need a sum over ranks.
     partitioned_grads: ClassVar[bool] = True
 
@@ -152,19 +161,35 @@ class ZeroStrategy(ABC):
 
     def grad_norm_and_overflow(self) -> GradStats:
         """Global L2 norm and overflow flag of the master grads; a collective when partitioned.
-        One host sync: the float of ``grad_square_sum``."""
+        One host sync: the float of ``grad_square_sum``. Under tensor parallelism the sum spans the
+        tensor axis too, shards summed and replicated parameters counted once (tensor_parallel_norm.py)."""
+        if self.context.parallel.size("tensor") > 1:
+            return tensor_parallel_grad_stats(self.fragments(), self.whole_parameter_names(), self.partitioned_grads,
+                                              self.context.parallel)
         return stats_from_square_sum(self.grad_square_sum())
 
     def grad_square_sum(self) -> torch.Tensor | None:
         """The sum of squares of every master grad over all ranks, as a 0-dim float64 tensor on
         the device, without a host sync (collective when partitioned). Non-finite when any
         gradient is (inf/NaN anywhere: the overflow flag). None: this strategy has no such
-        tensor (the engine then asks for ``grad_norm_and_overflow``)."""
+        tensor (the engine then asks for ``grad_norm_and_overflow``): so under tensor parallelism,
+        whose norm sums over two axes."""
+        if self.context.parallel.size("tensor") > 1:
+            return None
+        return self.data_square_sum()
+
+    def data_square_sum(self) -> torch.Tensor:
+        """``grad_square_sum`` over the data axis alone (what a stage overrides)."""
         total = self.local_square_sum()
-        if self.partitioned_grads and self.context.dist_context.world_size > 1:
+        if self.partitioned_grads and self.context.parallel.size("data") > 1:
             total = total.to(self.context.dist_context.device)
-            torch.distributed.all_reduce(total, group=self.context.dist_context.group)
+            torch.distributed.all_reduce(total, group=self.context.parallel.group("data"))
         return total
+
+    def whole_parameter_names(self) -> set[str]:
+        """Parameters every data rank holds whole although grads are partitioned (stage 3's small
+        "persistent" ones): the tensor-parallel norm counts them on the first data rank only."""
+        return set()
 
     def local_square_sum(self) -> torch.Tensor:
         """This rank's part of ``grad_square_sum`` (0-dim float64, on the gradients' device)."""

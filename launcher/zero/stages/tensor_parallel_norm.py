@@ -10,41 +10,51 @@ more axis (its stages): ``add_squares`` and ``tensor_parallel_stats`` serve both
 No host sync per tensor: each tensor's squares and its non-finite flag are added on the device
 (a non-finite tensor's squares too, which only an overflow reads, and an overflow's norm is
 inf); ``tensor_parallel_stats`` reads the totals once.
+
+Every stage asks for this norm when its layout's tensor axis is larger than 1
+(``ZeroStrategy.grad_norm_and_overflow``); the groups come from the layout.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterable
 
 import torch
 import torch.distributed as dist
 
-from launcher.zero.stages.base import GradStats
+if TYPE_CHECKING:  # pragma: no cover
+    from launcher.zero.distributed.parallel_layout import ParallelLayout
 
 
-def with_tensor_parallel_norm(strategy_cls: type, model_group, sharded_names: set[str]) -> type:
-    """A subclass of ``strategy_cls`` whose ``grad_norm_and_overflow`` spans the data and tensor axes."""
+@dataclass(frozen=True)
+class GradStats:
+    """Global gradient statistics of one step, identical on every rank."""
 
-    class TensorParallelStrategy(strategy_cls):
-        def grad_square_sum(self):
-            return None   # two axes: the engine asks grad_norm_and_overflow below
+    norm: float               # L2 norm over all master grads (still times the loss scale)
+    overflow: bool            # an inf or NaN anywhere on any rank
 
-        def grad_norm_and_overflow(self) -> GradStats:
-            device = self.context.dist_context.device
-            totals = torch.zeros(3, dtype=torch.float64, device=device)   # sharded, replicated, non-finite
-            # stage 3 keeps small ("persistent") parameters whole on every data rank: count them on one
-            whole = {slot.name for slots in getattr(self, "group_slots", ()) for slot in slots if slot.persistent}
-            for fragment in self.fragments():
-                if fragment.name in whole and self.context.dist_context.rank != 0:
-                    continue
-                grad = fragment.master.grad
-                if grad is None or fragment.numel == 0:
-                    continue
-                piece = grad.detach().reshape(-1)[fragment.master_offset:fragment.master_offset + fragment.numel]
-                add_squares(totals, piece, fragment.name in sharded_names)
-            if self.partitioned_grads and self.context.dist_context.world_size > 1:
-                dist.all_reduce(totals, group=self.context.dist_context.group)
-            return tensor_parallel_stats(totals, model_group)
 
-    TensorParallelStrategy.__name__ = f"TensorParallel{strategy_cls.__name__}"
-    return TensorParallelStrategy
+def tensor_parallel_grad_stats(fragments: Iterable, whole: set[str], partitioned_grads: bool,
+                               parallel: "ParallelLayout") -> GradStats:
+    """The norm of a stage's master grads (``fragments``) over the data and tensor axes of ``parallel``.
+
+    ``whole``: parameters every data rank holds whole (stage 3's persistent ones), counted on the
+    first data rank only; ``partitioned_grads``: each data rank holds its partition, so the squares
+    are summed over the data axis first."""
+    data = parallel.data
+    totals = torch.zeros(3, dtype=torch.float64, device=data.device)   # sharded, replicated, non-finite
+    sharded_names = parallel.tensor_sharded_names
+    for fragment in fragments:
+        if fragment.name in whole and data.rank != 0:
+            continue
+        grad = fragment.master.grad
+        if grad is None or fragment.numel == 0:
+            continue
+        piece = grad.detach().reshape(-1)[fragment.master_offset:fragment.master_offset + fragment.numel]
+        add_squares(totals, piece, fragment.name in sharded_names)
+    if partitioned_grads and data.world_size > 1:
+        dist.all_reduce(totals, group=parallel.group("data"))
+    return tensor_parallel_stats(totals, parallel.group("tensor"))
 
 
 def add_squares(totals: torch.Tensor, grad: torch.Tensor, sharded: bool) -> None:
@@ -69,7 +79,3 @@ def tensor_parallel_stats(totals: torch.Tensor, model_group, pipe_group=None) ->
     overflow = bool(totals[2] > 0)
     norm = float("inf") if overflow else float((totals[0] + totals[1]).sqrt())
     return GradStats(norm=norm, overflow=overflow)
-
-
-def sharded_parameter_names(module: torch.nn.Module) -> set[str]:
-    return {name for name, param in module.named_parameters() if getattr(param, "tensor_model_parallel", False)}

@@ -21,7 +21,7 @@ import torch
 from launcher.zero.distributed.collectives import broadcast_module_from_first, gradient_scales, reduce_async, wait
 from launcher.zero.errors import ConfigError
 from launcher.zero.layout.flat import ParamGroup, collect_groups, flatten_into_buffer
-from launcher.zero.experts.wiring import broadcast_from_first, counted_once_square_sum, group_context
+from launcher.zero.experts.wiring import broadcast_from_first, counted_once_square_sum
 from launcher.zero.stages.base import Fragment, ZeroStrategy, squares_of
 from launcher.zero.stages.buckets import BucketQueue, plan_all_buckets, register_grad_hooks
 from launcher.zero.stages.placement import OnDevice, OnHost
@@ -56,12 +56,12 @@ class WholeParamsStrategy(ZeroStrategy):
                               hint="pass a freshly built optimizer to zero.initialize")
         ctx = self.context
         self.module, self.optimizer = module, optimizer
-        experts = ctx.expert_data_contexts   # MoE: expert param groups live on their expert-data ranks
+        experts = ctx.parallel.experts   # MoE: expert param groups live on their expert-data ranks
         if experts:
-            broadcast_from_first(module, ctx.dist_context, experts)
+            broadcast_from_first(module, ctx.parallel.data, experts)
         else:
-            broadcast_module_from_first(module, ctx.dist_context)
-        contexts = [group_context(group, ctx.dist_context, experts) for group in optimizer.param_groups]
+            broadcast_module_from_first(module, ctx.parallel.data)
+        contexts = [ctx.parallel.param_group_context(group) for group in optimizer.param_groups]
         self.groups: list[ParamGroup] = collect_groups(module, optimizer, lambda i: self.partitioning.count(contexts[i]))
         for group in self.groups:
             group.dist_context = contexts[group.index]
@@ -191,9 +191,9 @@ class WholeParamsStrategy(ZeroStrategy):
     def norm_grads(self) -> list[torch.Tensor | None]:
         return self.placement.norm_grads(self.masters)
 
-    def grad_square_sum(self) -> torch.Tensor | None:
-        if not self.context.expert_data_contexts:
-            return super().grad_square_sum()
+    def data_square_sum(self) -> torch.Tensor:
+        if not self.context.parallel.experts:
+            return super().data_square_sum()
         # MoE: each parameter counted once, whatever ranks hold copies of it
         device = self.context.dist_context.device
         parts = [(squares_of([grad], device), group.dist_context.world_size)

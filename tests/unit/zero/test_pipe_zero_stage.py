@@ -7,6 +7,7 @@ from launcher.zero.errors import ConfigError
 from launcher.zero.pipe import LayerSpec, PipelineModule
 from launcher.zero.config.load import load_config
 from launcher.zero.distributed.context import DistContext
+from launcher.zero.distributed.parallel_layout import single_axis_layout
 from launcher.zero.precision.policy import precision_policy
 from launcher.zero.pipeline.shard import OptimizerShard
 from launcher.zero.stages.base import StrategyContext
@@ -56,7 +57,8 @@ def _shard(tensors, data_rank, data_size):
     config = load_config(_config(1), world_size=data_size)
     ranks = DistContext(group=None, rank=data_rank, world_size=data_size, local_rank=0, device=torch.device("cpu"),
                         backend="gloo")
-    return OptimizerShard(tensors, StrategyContext(config=config, dist_context=ranks, precision=precision_policy(config)))
+    return OptimizerShard(tensors, StrategyContext(config=config, parallel=single_axis_layout(ranks),
+                                                   precision=precision_policy(config)))
 
 
 def test_a_shard_takes_its_slice_of_a_state_saved_whole():

@@ -90,7 +90,7 @@ class Stage3GradReduce:
         if self.pre_scale != 1.0:
             padded.mul_(self.pre_scale)
         out = torch.empty(slot.length, dtype=padded.dtype, device=padded.device)
-        work = reduce_scatter_shard(out, padded, ctx.dist_context.group, async_op=True)
+        work = reduce_scatter_shard(out, padded, ctx.parallel.group("data"), async_op=True)
         self._pending.append((work, out, target, (position, slot_index)))
         self._keep_alive.append(padded)
         self._pending_numel += padded.numel()
@@ -145,7 +145,7 @@ class Stage3GradReduce:
         if ctx.dist_context.world_size > 1 and ctx.reduce_gradients:
             if self.pre_scale != 1.0:
                 flat.mul_(self.pre_scale)
-            dist.all_reduce(flat, group=ctx.dist_context.group)
+            dist.all_reduce(flat, group=ctx.parallel.group("data"))
             if self.post_scale != 1.0:
                 flat.mul_(self.post_scale)
         grads = self.grads[0]

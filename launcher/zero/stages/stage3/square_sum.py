@@ -33,7 +33,7 @@ def square_sum(strategy) -> torch.Tensor:
                                               total.device)
     if ctx.dist_context.world_size > 1:
         total = total.to(ctx.dist_context.device)
-        dist.all_reduce(total, group=ctx.dist_context.group)
+        dist.all_reduce(total, group=ctx.parallel.group("data"))
     return total
 
 
@@ -47,7 +47,7 @@ def _from_device(strategy) -> torch.Tensor:
                   for slot in slots if slot.persistent]
         total = total + pieces_square_sum(pieces, total.device).to(ctx.dist_context.device)
     if ctx.dist_context.world_size > 1:
-        dist.all_reduce(total, group=ctx.dist_context.group)
+        dist.all_reduce(total, group=ctx.parallel.group("data"))
     return total
 
 

@@ -178,17 +178,17 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
                     continue
                 data = p.data.to(device=ctx.dist_context.device, dtype=dtype if p.is_floating_point() else p.dtype)
                 if ctx.dist_context.world_size > 1:
-                    broadcast_from(data, group=ctx.dist_context.group)
+                    broadcast_from(data, group=ctx.parallel.group("data"))
                 p.data = data
                 if keep_whole:
                     P.mark_persistent(p)
                 else:
-                    P.partition(p, ctx.dist_context.group, ctx.dist_context.rank, ctx.dist_context.world_size,
+                    P.partition(p, ctx.parallel.group("data"), ctx.dist_context.rank, ctx.dist_context.world_size,
                                 ctx.dist_context.device, shard_device=self.shard_device)
             for b in module.buffers():
                 b.data = b.data.to(ctx.dist_context.device)
                 if ctx.dist_context.world_size > 1:
-                    broadcast_from(b.data, group=ctx.dist_context.group)
+                    broadcast_from(b.data, group=ctx.parallel.group("data"))
 
     def _adopt(self, p, keep_whole: bool, dtype) -> None:
         """A parameter partitioned by zero.Init: check its group, fix dtype and device, maybe make it whole."""
@@ -302,9 +302,13 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
         """Each group's gradient for this step: on the device with device_grads, else the master's .grad."""
         return list(self.grads) if self.device_grads else [master.grad for master in self.masters]
 
-    def grad_square_sum(self) -> torch.Tensor:
+    def data_square_sum(self) -> torch.Tensor:
         """Like the base, but a persistent parameter (whole on every rank) is counted once (square_sum.py)."""
         return square_sum(self)
+
+    def whole_parameter_names(self) -> set[str]:
+        """The persistent parameters: every data rank holds them whole."""
+        return {slot.name for slots in self.group_slots for slot in slots if slot.persistent}
 
     def scale_master_grads(self, factor: float) -> None:
         if self.offload_optimizer and hasattr(self.optimizer, "grad_factor"):
