@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-import launcher.zero.progress as rank_progress   # --stall_timeout
+import launcher.zero.stall_beat as stall_beat   # --stall_timeout
 from launcher.zero.assembly.builders import client_optimizer, client_scheduler
 from launcher.zero.assembly.initialize_pipeline import initialize_pipeline
 from launcher.zero.config.checks import check_optimizer_section, check_scheduler_section
@@ -173,7 +173,7 @@ def _ready_and_compiled(engine: ZeroEngine, monitor: Monitor, param_count: int) 
 def _ready_for_stall_watch(built):
     """--stall_timeout: the engine is ready, one event; a rank stuck from here to its first forward (a
     data loader on a hung file system) is then behind the peers that went on to wait in its all-reduce."""
-    rank_progress.reached(-1)
+    stall_beat.reached(-1)
     return built
 
 

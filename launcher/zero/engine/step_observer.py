@@ -12,7 +12,7 @@
     with step():                  around the optimizer step of an accumulation boundary
     step_done(facts)              after it, with the step's numbers
 
-Behind it: the stall beat (launcher.zero.progress, ``--stall_timeout``), the phase timers and the
+Behind it: the stall beat (launcher.zero.stall_beat, ``--stall_timeout``), the phase timers and the
 progress line (reporting.Progress), the FLOPs count, the profile and the inf/NaN diagnosis
 (watch.StepWatch), and the marks that route a plain ``loss.backward()`` through the engine
 (plain_backward.BackwardHooks). None of it changes what the step computes; what watches never
@@ -26,7 +26,7 @@ from typing import Callable
 
 import torch
 
-import launcher.zero.progress as rank_progress   # --stall_timeout
+import launcher.zero.stall_beat as stall_beat   # --stall_timeout
 from launcher.zero.engine.optimizer_step import StepCounters
 from launcher.zero.engine.plain_backward import BackwardHooks
 from launcher.zero.engine.reporting import Progress, StepFacts
@@ -48,7 +48,7 @@ class StepObserver:
 
     # ---- forward ----------------------------------------------------------------------------
     def forward_begins(self) -> None:
-        rank_progress.reached(self.counters.global_steps)   # --stall_timeout: a rank stuck in here falls behind
+        stall_beat.reached(self.counters.global_steps)   # --stall_timeout: a rank stuck in here falls behind
         self.progress.timers.start("forward")
 
     @contextlib.contextmanager
@@ -69,7 +69,7 @@ class StepObserver:
 
     # ---- backward ---------------------------------------------------------------------------
     def backward_begins(self, loss: torch.Tensor) -> None:
-        rank_progress.reached(self.counters.global_steps)
+        stall_beat.reached(self.counters.global_steps)
         self.progress.timers.start("backward")
         self.progress.add_loss(loss)
 
@@ -92,7 +92,7 @@ class StepObserver:
 
     # ---- step -------------------------------------------------------------------------------
     def step_reached(self) -> None:
-        rank_progress.reached(self.counters.global_steps)
+        stall_beat.reached(self.counters.global_steps)
 
     @contextlib.contextmanager
     def step(self):
