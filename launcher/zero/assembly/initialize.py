@@ -19,7 +19,7 @@ from launcher.zero.distributed.context import DistContext, context_from_group, i
 from launcher.zero.distributed.parallel_layout import layout_from_mpu, tensor_partition_dims
 from launcher.zero.data.loader import build_dataloader
 from launcher.zero.engine.monitor import Monitor, ready_line
-from launcher.zero.engine.watch import StepWatch
+from launcher.zero.engine.instruments import StepInstruments
 from launcher.zero.engine.zero_engine import EngineParts, ZeroEngine
 from launcher.zero.errors import ConfigError
 from launcher.zero.experts.param_groups import configure_moe_param_groups
@@ -90,7 +90,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
                                     dist_context=dist_context, precision=precision, strategy=strategy,
                                     loss_scaler=scaler, monitor=monitor, dataloader=dataloader,
                                     tensor_parallel=layout.tensor_parallel,
-                                    watch=StepWatch(cfg, dist_context, monitor, environ), experts=experts))
+                                    instruments=StepInstruments(cfg, dist_context, monitor, environ), experts=experts))
     _ready_and_compiled(engine, monitor, param_count)
     return engine, engine.optimizer, dataloader, scheduler
 
