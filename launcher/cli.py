@@ -132,8 +132,8 @@ def command(**flags):
     dslaunch --hostfile hosts --check
     """
     from launcher.app import Mode, options_from_flags, run
-    from launcher.habits import translate_habits
-    sys.exit(run(options_from_flags(translate_habits(flags)), Mode.from_flags(flags)))
+    from launcher.flag_translation import translate_foreign_flags
+    sys.exit(run(options_from_flags(translate_foreign_flags(flags)), Mode.from_flags(flags)))
 
 
 def main(argv: list[str] | None = None) -> None:

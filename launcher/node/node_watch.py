@@ -1,7 +1,7 @@
 """``--stall_timeout`` on one node: its ranks' progress, their output, their stacks; what to stop.
 
 A Supervisor with the stall watch on holds one NodeWatch. It gives every rank a progress file
-(launcher/zero/progress.py writes it) and a stack dump (stack_dump.py), counts the ranks' output
+(launcher/zero/stall_beat.py writes it) and a stack dump (stack_dump.py), counts the ranks' output
 lines, and on each `tick` either reports (an agent: changed readings and the line count go to
 dslaunch, which judges every rank of the job and asks back) or judges itself (the local runner:
 these are all the job's ranks). It never kills: `tick` returns the ranks to stop and why, and the

@@ -1,6 +1,6 @@
 """``--stall_timeout``: find the rank that stopped making progress while its peers went on.
 
-Each rank of a node rewrites a small file (launcher/zero/progress.py: ``"<events> <step>"``);
+Each rank of a node rewrites a small file (launcher/zero/stall_beat.py: ``"<events> <step>"``);
 the node's supervisor reads them. A StallWatch, pure (the clock comes in), judges where every
 rank of the job is seen: in dslaunch (launcher/control/stalls.py, fed by the agents' reports)
 or, under the local runner, in the supervisor itself. A rank is stuck when others have passed
@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 
-PROGRESS_VARIABLE = "DSLAUNCH_PROGRESS_FILE"   # the rank side: launcher/zero/progress.py
+PROGRESS_VARIABLE = "DSLAUNCH_PROGRESS_FILE"   # the rank side: launcher/zero/stall_beat.py
 PROGRESS_PREFIX = "dslaunch-progress-"   # + the pid of the launcher or agent that owns the folder
 
 

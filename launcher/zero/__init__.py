@@ -18,7 +18,7 @@ the profiler's report, MFU); ``stages/`` (ZeRO 0-3, the strategies); the shared 
 ``optim/``, ``layout/``, ``parallel/`` (tensor and sequence parallelism, topologies),
 ``activations/`` (activation checkpointing), ``sparse_attention/``; ``distributed/`` (the
 DistContext, collectives, accelerator); ``config/`` (load, schema, checks; torch-free);
-``sched/``; ``failure`` (how an uncaught error ends a rank) and ``progress`` (the stall beat).
+``sched/``; ``failure`` (how an uncaught error ends a rank) and ``stall_beat`` (the ``--stall_timeout`` beat).
 tests/unit/zero/test_house.py holds the face's rules.
 """
 from __future__ import annotations

@@ -5,9 +5,9 @@
     y = checkpointing.checkpoint(block, x)                      # recomputed in backward
     checkpointing.checkpoint_blocks(model)                      # every block, in one call
 
-Built in ``launcher/zero/activations/checkpointing.py``.
+Built in ``launcher/zero/activations/recompute.py``.
 """
-from launcher.zero.activations.checkpointing import (  # noqa: F401
+from launcher.zero.activations.recompute import (  # noqa: F401
     CheckpointingOptions, checkpoint, checkpoint_blocks, chunked_loss, configure, current_options, find_blocks,
     is_configured, options_from_config, profile_stats, reset, uncheckpoint_blocks,
 )

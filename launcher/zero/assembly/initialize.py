@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-import launcher.zero.progress as rank_progress   # --stall_timeout
+import launcher.zero.stall_beat as stall_beat   # --stall_timeout
 from launcher.zero.assembly.builders import client_optimizer, client_scheduler
 from launcher.zero.assembly.initialize_pipeline import initialize_pipeline
 from launcher.zero.config.checks import check_optimizer_section, check_scheduler_section
@@ -19,7 +19,7 @@ from launcher.zero.distributed.context import DistContext, context_from_group, i
 from launcher.zero.distributed.parallel_layout import layout_from_mpu, tensor_partition_dims
 from launcher.zero.data.loader import build_dataloader
 from launcher.zero.engine.monitor import Monitor, ready_line
-from launcher.zero.engine.watch import StepWatch
+from launcher.zero.engine.instruments import StepInstruments
 from launcher.zero.engine.zero_engine import EngineParts, ZeroEngine
 from launcher.zero.errors import ConfigError
 from launcher.zero.experts.param_groups import configure_moe_param_groups
@@ -90,7 +90,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
                                     dist_context=dist_context, precision=precision, strategy=strategy,
                                     loss_scaler=scaler, monitor=monitor, dataloader=dataloader,
                                     tensor_parallel=layout.tensor_parallel,
-                                    watch=StepWatch(cfg, dist_context, monitor, environ), experts=experts))
+                                    instruments=StepInstruments(cfg, dist_context, monitor, environ), experts=experts))
     _ready_and_compiled(engine, monitor, param_count)
     return engine, engine.optimizer, dataloader, scheduler
 
@@ -173,7 +173,7 @@ def _ready_and_compiled(engine: ZeroEngine, monitor: Monitor, param_count: int) 
 def _ready_for_stall_watch(built):
     """--stall_timeout: the engine is ready, one event; a rank stuck from here to its first forward (a
     data loader on a hung file system) is then behind the peers that went on to wait in its all-reduce."""
-    rank_progress.reached(-1)
+    stall_beat.reached(-1)
     return built
 
 

@@ -55,7 +55,7 @@ class NanTrace:
         inside = {id(m) for block in repeated_blocks(module) for m in block.modules() if m is not block}
         self._micro_batches: list[MicroBatch] = []
         self._last = None                 # the last tensor reduced (a parent returning its child's output)
-        self.error: str | None = None     # the trace's own failure, said once by the watch
+        self.error: str | None = None     # the trace's own failure, said once by the instruments
         self._handles = [m.register_forward_hook(self._hook(name, type(m).__name__, id(m) not in inside))
                          for name, m in module.named_modules()]
 

@@ -4,7 +4,7 @@ the phase timers, and what a boundary step prints and records.
 The engine's StepObserver (step_observer.py) tells it what happened (an input's shape, a
 micro-step's loss, a finished step); it
 decides when to read the loss (a host sync) and what goes to the console and the metric files.
-The engine's StepWatch (watch.py) adds its metric events to a step's facts, and its model
+The engine's StepInstruments (instruments.py) adds its metric events to a step's facts, and its model
 TFLOP/s and MFU to the printed line.
 """
 from __future__ import annotations
@@ -31,19 +31,19 @@ class StepFacts:
     skipped: int                   # skipped_steps
     #: the step's global gradient norm: a float, a DeviceNorm not yet read, None after a skip
     grad_norm: Any = None
-    #: more metric events of this step: the watch's grad norm, samples/s, tokens/s, skipped steps
+    #: more metric events of this step: the instruments' grad norm, samples/s, tokens/s, skipped steps
     events: dict = field(default_factory=dict)
 
 
 class Progress:
     """The progress line, its rates and ETA, and the phase timers of one engine."""
 
-    def __init__(self, config, monitor: Monitor, total_steps: int | None, synchronize=None, watch=None):
+    def __init__(self, config, monitor: Monitor, total_steps: int | None, synchronize=None, instruments=None):
         self.config = config
         self.monitor = monitor
-        #: the engine's StepWatch: ``progress_fields(samples/s)`` for the line, ``diagnosed`` once it explained
-        #: the job's first non-finite step (a non-finite loss is then not warned of: the watch said it)
-        self.watch = watch
+        #: the engine's StepInstruments: ``progress_fields(samples/s)`` for the line, ``diagnosed`` once it explained
+        #: the job's first non-finite step (a non-finite loss is then not warned of: the instruments said it)
+        self.instruments = instruments
         self.timers = PhaseTimer(config.wall_clock_breakdown, synchronize)
         #: the progress line's "step=N/total" and ETA: a schedule's length, else what the script sets
         self.total_steps = total_steps
@@ -88,14 +88,14 @@ class Progress:
         loss = None
         if self._loss_sum is not None and read:
             loss = float(self._loss_sum.item()) / max(1, self._loss_count)
-            if not math.isfinite(loss) and not self._explained():   # the watch's message said it, for the job
+            if not math.isfinite(loss) and not self._explained():   # the instruments' message said it, for the job
                 self.monitor.warn(f"loss is {loss} at step {step}")
         self._loss_sum, self._loss_count = None, 0
         return loss
 
     def _explained(self) -> bool:
-        """Whether the watch's diagnosis has said the job went non-finite (and where)."""
-        return self.watch is not None and self.watch.diagnosed
+        """Whether the instruments' diagnosis has said the job went non-finite (and where)."""
+        return self.instruments is not None and self.instruments.diagnosed
 
     def _print(self, facts: StepFacts, loss: float | None, memory: Callable[[], dict[str, int]]) -> None:
         now = time.perf_counter()
@@ -104,7 +104,7 @@ class Progress:
         self._last_report = (now, facts.samples)
         lrs = ",".join(f"{lr:.4e}" for lr in dict.fromkeys(facts.lrs))
         values = {"loss": loss, "lr": lrs, "loss_scale": facts.loss_scale, "skipped": facts.skipped}
-        throughput = self.watch.progress_fields(rate) if self.watch is not None else None
+        throughput = self.instruments.progress_fields(rate) if self.instruments is not None else None
         self.monitor.log(progress_line(facts.step, self.total_steps, values, rate, self.tokens_per_sample,
                                        now - self._started, throughput))
         if self.config.wall_clock_breakdown:

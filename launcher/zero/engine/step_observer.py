@@ -12,11 +12,11 @@
     with step():                  around the optimizer step of an accumulation boundary
     step_done(facts)              after it, with the step's numbers
 
-Behind it: the stall beat (launcher.zero.progress, ``--stall_timeout``), the phase timers and the
+Behind it: the stall beat (launcher.zero.stall_beat, ``--stall_timeout``), the phase timers and the
 progress line (reporting.Progress), the FLOPs count, the profile and the inf/NaN diagnosis
-(watch.StepWatch), and the marks that route a plain ``loss.backward()`` through the engine
+(instruments.StepInstruments), and the marks that route a plain ``loss.backward()`` through the engine
 (plain_backward.BackwardHooks). None of it changes what the step computes; what watches never
-fails the step (watch.py says how).
+fails the step (instruments.py says how).
 """
 from __future__ import annotations
 
@@ -26,21 +26,21 @@ from typing import Callable
 
 import torch
 
-import launcher.zero.progress as rank_progress   # --stall_timeout
+import launcher.zero.stall_beat as stall_beat   # --stall_timeout
+from launcher.zero.engine.instruments import InstrumentedRun, StepInstruments
 from launcher.zero.engine.optimizer_step import StepCounters
 from launcher.zero.engine.plain_backward import BackwardHooks
 from launcher.zero.engine.reporting import Progress, StepFacts
-from launcher.zero.engine.watch import StepWatch, WatchedRun
 
 
 class StepObserver:
     """One per engine: the one interface between the micro-step and what watches it."""
 
-    def __init__(self, run: WatchedRun, watch: StepWatch, hooks: BackwardHooks, counters: StepCounters,
-                 compiled: Callable[[], bool], memory: Callable[[], dict[str, int]]):
+    def __init__(self, run: InstrumentedRun, instruments: StepInstruments, hooks: BackwardHooks,
+                 counters: StepCounters, compiled: Callable[[], bool], memory: Callable[[], dict[str, int]]):
         self.run = run                  # module, loss scaler, stage, micro-batch, progress
         self.progress: Progress = run.progress
-        self.watch = watch
+        self.instruments = instruments
         self.hooks = hooks
         self.counters = counters        # the engine's step counters, read (never written) here
         self.compiled = compiled        # whether engine.compile() ran (no hooks then, no eager count on old torch)
@@ -48,20 +48,20 @@ class StepObserver:
 
     # ---- forward ----------------------------------------------------------------------------
     def forward_begins(self) -> None:
-        rank_progress.reached(self.counters.global_steps)   # --stall_timeout: a rank stuck in here falls behind
+        stall_beat.reached(self.counters.global_steps)   # --stall_timeout: a rank stuck in here falls behind
         self.progress.timers.start("forward")
 
     @contextlib.contextmanager
     def forward(self, args: tuple, kwargs: dict):
         """Around the module's forward: the input's tokens, the FLOPs count, the inf/NaN trace."""
         self.progress.saw_input(args)
-        self.watch.forward_begins(self.run, self.counters.global_steps, self.compiled(), args, kwargs)
+        self.instruments.forward_begins(self.run, self.counters.global_steps, self.compiled(), args, kwargs)
         try:
             yield
         except BaseException:
-            self.watch.abandon_count()   # a script that catches this (OOM retries) keeps no counter running
+            self.instruments.abandon_count()   # a script that catches this (OOM retries) keeps no counter running
             raise
-        self.watch.forward_done()
+        self.instruments.forward_done()
 
     def forward_done(self, output) -> None:
         self.hooks.mark(output)    # a plain loss.backward() is then routed through the engine
@@ -69,7 +69,7 @@ class StepObserver:
 
     # ---- backward ---------------------------------------------------------------------------
     def backward_begins(self, loss: torch.Tensor) -> None:
-        rank_progress.reached(self.counters.global_steps)
+        stall_beat.reached(self.counters.global_steps)
         self.progress.timers.start("backward")
         self.progress.add_loss(loss)
 
@@ -77,34 +77,34 @@ class StepObserver:
     def backward(self):
         """Around autograd: the output hooks stand aside (this is engine.backward); the count goes on."""
         self.hooks.inside_engine_backward = True
-        self.watch.backward_begins()
+        self.instruments.backward_begins()
         try:
             yield
         except BaseException:
-            self.watch.abandon_count()
+            self.instruments.abandon_count()
             raise
         finally:
             self.hooks.inside_engine_backward = False
-        self.watch.backward_done()
+        self.instruments.backward_done()
 
     def backward_done(self) -> None:
         self.progress.timers.stop("backward")
 
     # ---- step -------------------------------------------------------------------------------
     def step_reached(self) -> None:
-        rank_progress.reached(self.counters.global_steps)
+        stall_beat.reached(self.counters.global_steps)
 
     @contextlib.contextmanager
     def step(self):
         """Around the optimizer step: its timer and count; fp16's stuck loss scale said with its cause."""
         self.progress.timers.start("step")
-        self.watch.step_begins()
-        with self.watch.guard_step(self.run, self.counters.global_steps + 1):
+        self.instruments.step_begins()
+        with self.instruments.guard_step(self.run, self.counters.global_steps + 1):
             yield
 
     def step_done(self, facts: StepFacts) -> None:
         """The profile and a skipped step's diagnosis, then the metric events and the progress line."""
-        self.watch.after_step(self.run, facts)
+        self.instruments.after_step(self.run, facts)
         self.progress.timers.stop("step")
-        events = self.watch.event_values(facts, self.progress.tokens_per_sample)
+        events = self.instruments.event_values(facts, self.progress.tokens_per_sample)
         self.progress.after_step(dataclasses.replace(facts, events=events), self.memory)

@@ -34,7 +34,7 @@ from launcher.zero.engine.monitor import Monitor
 from launcher.zero.engine.plain_backward import BackwardHooks
 from launcher.zero.engine.reporting import Progress, StepFacts
 from launcher.zero.engine.step_observer import StepObserver
-from launcher.zero.engine.watch import StepWatch, WatchedRun
+from launcher.zero.engine.instruments import InstrumentedRun, StepInstruments
 from launcher.zero.engine.optimizer_step import (StepCounters, StepOutcome, StepRules, norm_stays_on_device,
                                                  take_model_step, update_parameters)
 from launcher.zero.engine.zero_optimizer import EngineOptimizer, UpdateRecord, handed_out_optimizer, second_step
@@ -61,7 +61,7 @@ class EngineParts:
     dataloader: Any = None
     #: under zero.initialize(mpu=...): checkpoint files carry the tensor rank, metadata the partition dims
     tensor_parallel: TensorParallelInfo = TensorParallelInfo()
-    watch: StepWatch | None = None      # FLOPs, MFU and the non-finite diagnosis (watch.py)
+    instruments: StepInstruments | None = None   # FLOPs, MFU and the non-finite diagnosis (instruments.py)
     #: MoE: this rank's expert groups and layers (checkpoints name experts by global id); empty without
     experts: ExpertSetup = field(default_factory=ExpertSetup)
 
@@ -92,7 +92,7 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         self.training_dataloader = parts.dataloader
         self.tensor_parallel = parts.tensor_parallel
         self.experts = parts.experts
-        self.watch = parts.watch or StepWatch(parts.config, parts.dist_context, parts.monitor, {})
+        self.instruments = parts.instruments or StepInstruments(parts.config, parts.dist_context, parts.monitor, {})
         self.counters = StepCounters()     # global_steps, global_samples, skipped_steps (StepCounterAccessors)
         self._step_rules = StepRules(skips_non_finite=skips_non_finite(self.precision.param_dtype, self.zero_config),
                                      clip=self.zero_config.gradient_clipping, device=self.dist_context.device)
@@ -106,13 +106,13 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         self.optimizer: EngineOptimizer | None = handed_out_optimizer(self, self._update)
         sync = torch.cuda.synchronize if self.dist_context.device.type == "cuda" else None
         self.progress = Progress(self.zero_config, self.monitor, getattr(self.lr_scheduler, "total_num_steps", None), sync,
-                                 self.watch)
+                                 self.instruments)
         hooks = BackwardHooks(self.strategy.stage, self._loss_factor, self._backward_prologue,
                               self.strategy.post_backward)
-        run = WatchedRun(self.module, self.loss_scaler, self.strategy.stage,
-                         self.zero_config.train_micro_batch_size_per_gpu, self.progress)
+        run = InstrumentedRun(self.module, self.loss_scaler, self.strategy.stage,
+                              self.zero_config.train_micro_batch_size_per_gpu, self.progress)
         # timers, progress line, stall beat, FLOPs, inf/NaN trace, plain-backward marks (step_observer.py)
-        self.observer = StepObserver(run, self.watch, hooks, self.counters, lambda: self.is_compiled,
+        self.observer = StepObserver(run, self.instruments, hooks, self.counters, lambda: self.is_compiled,
                                      self.memory_breakdown)
         fragment_access.register(self)   # deepspeed.utils.safe_get_full_fp32_param(param) finds the engine
 
@@ -243,14 +243,14 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         self._step_applied = outcome.applied
 
     def _step_facts(self) -> StepFacts:
-        """What the progress line, the metric events and the watch read of a finished step."""
+        """What the progress line, the metric events and the instruments read of a finished step."""
         return StepFacts(step=self.global_steps, samples=self.global_samples, lrs=self.get_lr(),
                          loss_scale=self.get_loss_scale(), fp16=self.loss_scaler is not None,
                          skipped=self.skipped_steps, grad_norm=self._global_grad_norm)
 
     def _skip_log(self):
         """Where a skipped step is said: fp16's overflow lines (the loss scaler's business); without
-        fp16 the watch's one message for the job says it (watch.py), so nothing here."""
+        fp16 the instruments' one message for the job says it (instruments.py), so nothing here."""
         return self.monitor.log if self.loss_scaler is not None else None
 
     def update_parameters(self) -> bool:
@@ -417,7 +417,7 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
                 compiled_autograd_enabled: bool = False) -> None:
         """torch.compile the module: whole at stages 0-2, per repeated block at stage 3; once."""
         if self._compiled is None:
-            self.watch.stop_tracing()   # hooks on every module would change what compiles
+            self.instruments.stop_tracing()   # hooks on every module would change what compiles
             self._compiled = compile_engine(self, backend, compile_kwargs, schedule, compiled_autograd_enabled)
 
     @property

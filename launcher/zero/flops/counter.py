@@ -21,7 +21,7 @@ Two promises make it a watcher (STYLE.md: it never fails the step, never changes
   would not do: dynamo still sees the frame and marks it skipped.) The counted step is the eager
   one: same math, and the count is exact where an inductor graph would hide fused kernels from
   the mode. Where torch has no ``set_stance``, ``eager_counting_supported()`` is False and the
-  engine does not count a compiled model (one message; watch.py).
+  engine does not count a compiled model (one message; instruments.py).
 """
 from __future__ import annotations
 

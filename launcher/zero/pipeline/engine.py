@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-import launcher.zero.progress as rank_progress   # --stall_timeout
+import launcher.zero.stall_beat as rank_progress   # --stall_timeout
 from launcher.zero.checkpoint import pipeline_save_load
 from launcher.zero.distributed.parallel_layout import ParallelLayout
 from launcher.zero.engine.accessors import ConfigAccessors, RankAccessors, StepCounterAccessors

@@ -99,7 +99,7 @@ DEEPSPEED_PATHS: dict[str, str | NotBuilt] = {
                                          hint="this engine builds no ops; use the optimizers in deepspeed.ops.adam"),
     "deepspeed.checkpoint": NotBuilt("DeepSpeed's checkpoint tools (deepspeed.checkpoint: universal checkpoints, "
                                      "reshaping); only deepspeed.checkpoint.utils is built"),
-    "deepspeed.checkpoint.utils": "launcher.zero.utils.checkpoint",
+    "deepspeed.checkpoint.utils": "launcher.zero.utils.torch_save",
     "deepspeed.moe": "launcher.zero.moe",
     "deepspeed.moe.layer": "launcher.zero.moe.layer",
     "deepspeed.moe.utils": "launcher.zero.moe.utils",

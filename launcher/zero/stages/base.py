@@ -49,8 +49,8 @@ Registering a stage (ZeRO-3 and offload live in their own modules)::
     register_strategy(3, Stage3Strategy, offload=True)   # stage 3 with offload_optimizer
 
 Entries may also be lazy ``"module:Class"`` strings; the defaults below point stage 3 at
-``launcher.zero.stages.stage3:Stage3Strategy`` and offloaded stages 1/2 at
-``launcher.zero.stages.offload:OffloadStrategy``, imported only when a config asks for them.
+``launcher.zero.stages.stage3:Stage3Strategy`` and offloaded stages 1/2 at their classes in
+``launcher.zero.stages.offload``, imported only when a config asks for them.
 """
 from __future__ import annotations
 
@@ -402,8 +402,8 @@ STRATEGIES: dict[tuple[int, bool], Any] = {
     (1, False): "launcher.zero.stages.stage1:Stage1Strategy",
     (2, False): "launcher.zero.stages.stage2:Stage2Strategy",
     (3, False): "launcher.zero.stages.stage3:Stage3Strategy",
-    (1, True): "launcher.zero.stages.offload:OffloadStrategy",
-    (2, True): "launcher.zero.stages.offload:OffloadStrategy",
+    (1, True): "launcher.zero.stages.offload:Stage1OffloadStrategy",
+    (2, True): "launcher.zero.stages.offload:Stage2OffloadStrategy",
     (3, True): "launcher.zero.stages.stage3:Stage3Strategy",
 }
 

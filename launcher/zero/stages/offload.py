@@ -23,8 +23,3 @@ class Stage2OffloadStrategy(WholeParamsStrategy):
     partitioning_policy = Sharded
     reduction_policy = ReduceEveryMicroStep
     placement_policy = OnHost
-
-
-def OffloadStrategy(context):  # noqa: N802 - the registry's name for "stage 1 or 2 with offload"
-    """The offload strategy for the configured stage (the registry maps both stages here)."""
-    return (Stage1OffloadStrategy if context.config.zero_stage == 1 else Stage2OffloadStrategy)(context)

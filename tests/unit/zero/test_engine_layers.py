@@ -29,7 +29,7 @@ LAYERS = (
     ("distributed",),         # the process group, collectives, the accelerator
     ("config",),              # torch-free: the launcher validates configs with it
     ("sched",),               # pure lr(step) schedules
-    ("shim", "failure", "progress"),   # deepspeed.X's table; how an error ends a rank; the stall beat
+    ("shim", "failure", "stall_beat"),  # deepspeed.X's table; how an error ends a rank; the stall beat
     ("errors",),
 )
 LAYER_OF = {unit: depth for depth, units in enumerate(LAYERS) for unit in units}

@@ -149,7 +149,7 @@ def test_a_hugging_face_llama_with_gqa_trains_with_mfu_on(monkeypatch, capsys, s
         engine.step()
         losses.append(float(loss.detach()))
     engine.destroy()
-    assert engine.watch.flops_per_step == llama_flops(config, 2, 16)
+    assert engine.instruments.flops_per_step == llama_flops(config, 2, 16)
     out, err = capsys.readouterr()
     assert "warning" not in err and all(loss == loss for loss in losses)
     progress = [line for line in out.splitlines() if " progress " in line]

@@ -62,7 +62,7 @@ def test_the_counting_rank_compiles_and_still_reports_mfu(monkeypatch, capsys, s
     assert final["unique_graphs"] >= 1, final
     assert final["graph_breaks"] == 0 and final["recompiles"] == 0, final
     assert stats[1] == final, stats            # nothing new after the first compiled step
-    assert engine.watch.flops_per_step == eager.watch.flops_per_step > 0   # the eager model's count
+    assert engine.instruments.flops_per_step == eager.instruments.flops_per_step > 0   # the eager model's count
     assert losses == pytest.approx(eager_losses, rel=1e-6)
     assert "warning" not in err
     progress = [line for line in out.splitlines() if " progress " in line]
@@ -81,7 +81,7 @@ def test_the_flops_profiler_leaves_compiled_code_alone(tmp_path, profile_step):
     assert f"FLOPs profile of step {profile_step}" in profile.read_text()
     _, eager, _ = train(0, compiled=False, extra={"flops_profiler": {"enabled": True, "profile_step": profile_step,
                                                                      "output_file": str(tmp_path / "eager.txt")}})
-    assert engine.watch.flops_per_step == eager.watch.flops_per_step > 0
+    assert engine.instruments.flops_per_step == eager.instruments.flops_per_step > 0
 
 
 def test_without_set_stance_a_compiled_engine_is_not_counted_and_says_so_once(monkeypatch, capsys):
@@ -90,7 +90,7 @@ def test_without_set_stance_a_compiled_engine_is_not_counted_and_says_so_once(mo
     monkeypatch.setenv("DSLAUNCH_PEAK_TFLOPS", "1e-6")
     _, engine, stats = train(0, compiled=True)
     assert stats[0]["unique_graphs"] >= 1 and stats[-1] == stats[0], stats
-    assert engine.watch.flops_per_step is None
+    assert engine.instruments.flops_per_step is None
     out, err = capsys.readouterr()
     [warning] = [line for line in err.splitlines() if "warning" in line]
     assert "no MFU: counting FLOPs would keep torch.compile from compiling" in warning

@@ -55,11 +55,11 @@ def test_a_failing_flop_formula_is_one_warning_and_training_goes_on_without_mfu(
     monkeypatch.setenv("DSLAUNCH_PEAK_TFLOPS", "1e-6")
 
     def failing_mm(engine):   # the engine's own counter, with a formula for mm (every Linear's backward) that raises
-        engine.watch.counter = FlopCounter({torch.ops.aten.mm: boom})
+        engine.instruments.counter = FlopCounter({torch.ops.aten.mm: boom})
     losses, engine = train({}, failing_mm)
     out, err = capsys.readouterr()
     assert losses == reference
-    assert engine.watch.flops_per_step is None
+    assert engine.instruments.flops_per_step is None
     assert warnings_in(err) == ["[zero] rank 0: warning: counting FLOPs failed at aten.mm: RuntimeError: formula "
                                 "exploded; training goes on without MFU"]
     progress = [line for line in out.splitlines() if " progress " in line]
@@ -68,7 +68,7 @@ def test_a_failing_flop_formula_is_one_warning_and_training_goes_on_without_mfu(
 
 def test_a_failing_count_at_the_profile_step_writes_no_profile_and_says_so(monkeypatch, capsys, tmp_path):
     def failing_mm(engine):
-        engine.watch.counter = FlopCounter({torch.ops.aten.mm: boom})
+        engine.instruments.counter = FlopCounter({torch.ops.aten.mm: boom})
     profile = tmp_path / "profile.txt"
     train({"flops_profiler": {"enabled": True, "profile_step": 1, "output_file": str(profile)}}, failing_mm)
     assert not profile.exists()
@@ -81,7 +81,7 @@ def test_an_unwritable_profile_is_one_warning(capsys, tmp_path):
     output = tmp_path / "a_file" / "profile.txt"   # its folder is a file: cannot be created
     reference, _ = train({})
     losses, engine = train({"flops_profiler": {"enabled": True, "profile_step": 1, "output_file": str(output)}})
-    assert losses == reference and engine.watch.flops_per_step
+    assert losses == reference and engine.instruments.flops_per_step
     [warning] = warnings_in(capsys.readouterr().err)
     assert f"flops profile of step 1 not written ({output})" in warning and "training goes on" in warning
 

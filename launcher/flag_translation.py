@@ -9,7 +9,7 @@ from __future__ import annotations
 from launcher.errors import UsageError
 
 
-def translate_habits(flags: dict) -> dict:
+def translate_foreign_flags(flags: dict) -> dict:
     """The flags with torchrun's `--standalone` / `--node_rank` / `--tee` / `--redirects` dealt with."""
     flags = dict(flags)
     for name in ("tee", "redirects"):

@@ -1,12 +1,12 @@
 """--stall_timeout, the rank's side: the engines bump the progress file the launcher names in
-DSLAUNCH_PROGRESS_FILE (launcher/zero/progress.py), from the moment the engine is ready. One rank, gloo, CPU."""
+DSLAUNCH_PROGRESS_FILE (launcher/zero/stall_beat.py), from the moment the engine is ready. One rank, gloo, CPU."""
 import faulthandler
 import signal
 
 import pytest
 import torch
 
-import launcher.zero.progress as rank_progress
+import launcher.zero.stall_beat as stall_beat
 from launcher import zero
 from launcher.node.stall import read_progress
 from launcher.zero.pipe import LayerSpec, PipelineModule
@@ -19,12 +19,12 @@ CONFIG = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2,
 def progress_file(tmp_path, monkeypatch):
     """A fresh progress file for this test (the module opens it once per process)."""
     path = tmp_path / "rank_0.progress"
-    monkeypatch.setenv(rank_progress.ENV_VARIABLE, str(path))
-    monkeypatch.setattr(rank_progress, "_state", {"fd": None, "events": 0, "opened": False})
+    monkeypatch.setenv(stall_beat.ENV_VARIABLE, str(path))
+    monkeypatch.setattr(stall_beat, "_state", {"fd": None, "events": 0, "opened": False})
     yield path
-    if rank_progress._state["fd"] is not None:
+    if stall_beat._state["fd"] is not None:
         import os
-        os.close(rank_progress._state["fd"])
+        os.close(stall_beat._state["fd"])
     faulthandler.unregister(signal.SIGUSR1)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()

@@ -1,4 +1,4 @@
-"""A rank's progress, for ``dslaunch --stall_timeout``: a counter its node's supervisor reads.
+"""The stall beat (``--stall_timeout``): a rank's count of forward, backward and step calls in a file its node reads.
 
 The launcher names a file per rank in ``DSLAUNCH_PROGRESS_FILE``; the rank rewrites one line
 there, ``"<events> <step>\\n"``, where *events* counts the engine's forward, backward and step

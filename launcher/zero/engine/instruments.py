@@ -1,7 +1,7 @@
 """What the engine watches besides the loss: FLOPs (the profiler, MFU) and the first non-finite step.
 
 The engine's StepObserver (step_observer.py) calls one method at each point of the step (forward,
-backward, optimizer step, report), with the facts it needs: a ``WatchedRun`` (what stays fixed:
+backward, optimizer step, report), with the facts it needs: an ``InstrumentedRun`` (what stays fixed:
 the module, the loss scaler, the stage) and the step's numbers, never the engine itself. Each is
 a few attribute reads unless something is due: a FLOPs count at one step (the profile
 step, or the first step when the progress line has a peak to show MFU against), or a diagnosis
@@ -41,8 +41,8 @@ STOP_HINT = 'the job stops on inf/NaN because "non_finite": {"action": "stop"}; 
 
 
 @dataclass(frozen=True)
-class WatchedRun:
-    """What the watch reads of an engine, fixed when the engine is built."""
+class InstrumentedRun:
+    """What the instruments read of an engine, fixed when the engine is built."""
 
     module: torch.nn.Module
     loss_scaler: LossScaler | None
@@ -51,7 +51,7 @@ class WatchedRun:
     progress: "Progress"        # the step's summed losses (pending_loss) and tokens per sample
 
 
-class StepWatch:
+class StepInstruments:
     """One per engine; rank 0 prints, every rank takes part in a diagnosis (it may gather)."""
 
     def __init__(self, config, dist_context, monitor, environ: dict[str, str]):
@@ -81,7 +81,7 @@ class StepWatch:
         self._tracing = config.non_finite.trace
 
     # ---- the step's points ----------------------------------------------------------------
-    def forward_begins(self, run: WatchedRun, step: int, compiled: bool, args, kwargs) -> None:
+    def forward_begins(self, run: InstrumentedRun, step: int, compiled: bool, args, kwargs) -> None:
         if self._tracing:
             self._trace_forward(run.module, compiled)
         elif self.config.non_finite.diagnose:
@@ -102,7 +102,7 @@ class StepWatch:
                 return
             try:
                 self._trace = NanTrace(module)
-            except Exception as error:   # the trace is the watch's; the step is the job's
+            except Exception as error:   # the trace is the instruments'; the step is the job's
                 self._tracing = False
                 self.monitor.warn(f"inf/NaN tracing off: {type(error).__name__}: {error}; training goes on")
                 return
@@ -168,7 +168,7 @@ class StepWatch:
             self._times[phase] += time.perf_counter() - self._began
 
     @contextlib.contextmanager
-    def guard_step(self, run: WatchedRun, step: int):
+    def guard_step(self, run: InstrumentedRun, step: int):
         """Turn fp16's 'loss scale at its minimum' into a stop that says where the inf came from
         (``step``: the number of the step being taken)."""
         try:
@@ -178,7 +178,7 @@ class StepWatch:
                                  hint="the fp16 loss scale cannot go lower; try bf16, a lower learning rate, "
                                       "or check the named layer") from None
 
-    def after_step(self, run: WatchedRun, facts: "StepReport") -> None:
+    def after_step(self, run: InstrumentedRun, facts: "StepReport") -> None:
         """A boundary step is done: the profile when it was counted; a skipped step's diagnosis."""
         try:
             self._after_step(run, facts)
@@ -189,7 +189,7 @@ class StepWatch:
                     self.monitor.warn(f"inf/NaN tracing off: {self._trace.error}; training goes on")
                     self.stop_tracing()
 
-    def _after_step(self, run: WatchedRun, facts: "StepReport") -> None:
+    def _after_step(self, run: InstrumentedRun, facts: "StepReport") -> None:
         if self._profiling_step:
             self._profiling_step = False
             self._sync()
@@ -234,7 +234,7 @@ class StepWatch:
         return self._clock.values(facts, tokens_per_sample) if self.monitor.records else {}
 
     # ---- the diagnosis ------------------------------------------------------------------------
-    def _diagnosis(self, run: WatchedRun, step: int) -> str:
+    def _diagnosis(self, run: InstrumentedRun, step: int) -> str:
         """The job's first non-finite step, said once: every rank reads its trace (or re-runs its
         micro-batch where tracing is off), rank 0 tells."""
         if self._diagnosed:
@@ -272,7 +272,7 @@ class StepWatch:
             lines.append("last finite loss: none seen before this step")
         return "\n".join(lines)
 
-    def _where(self, run: WatchedRun) -> tuple[Finding | None, str | None]:
+    def _where(self, run: InstrumentedRun) -> tuple[Finding | None, str | None]:
         """This rank's first non-finite module: from the step's trace, else (tracing off) a re-run of
         the last micro-batch; or why it could not look."""
         try:
@@ -299,7 +299,7 @@ class StepWatch:
         return gathered
 
     # ---- the profile ------------------------------------------------------------------------
-    def _print_profile(self, run: WatchedRun) -> None:
+    def _print_profile(self, run: InstrumentedRun) -> None:
         if self.profile_step is None:
             return
         section = self.config.flops_profiler
