@@ -53,3 +53,9 @@ def test_the_pipeline_engine_reports_ready_and_each_batch_before_its_step(progre
     assert read_progress(str(progress_file)) == (3, 0)   # the batch began; its micro-batches ran
     engine.eval_batch(iter([(x, x)] * 2))
     assert read_progress(str(progress_file)) == (4, 1)
+
+
+def test_the_documented_old_path_still_beats():
+    """Scripts that call launcher.zero.progress.beat (the path documented before the module's rename) keep working."""
+    import launcher.zero.progress as old_path
+    assert old_path.beat is stall_beat.beat
