@@ -17,7 +17,7 @@ ENGINE = REPO / "launcher" / "zero"
 # top to bottom; the units of one layer do not import each other
 LAYERS = (
     # the DeepSpeed face (re-exports only; tests/unit/zero/test_house.py), "" is launcher/zero/__init__.py
-    ("", "accelerator", "checkpointing", "comm", "git_version_info", "moe", "ops", "pipe", "profiling", "runtime",
+    ("", "accelerator", "checkpointing", "comm", "git_version_info", "moe", "ops", "pipe", "profiling", "progress", "runtime",
      "utils", "zero"),
     ("assembly",),            # initialize for both engines
     ("pipeline",),            # the pipeline engine: its schedule, stages and links, over the engine's pieces
