@@ -86,19 +86,6 @@ def check_listing(folder: str, files: dict[str, dict]) -> None:
         if not os.path.isfile(path) or os.path.getsize(path) != files[name]["bytes"]:
             check_file(path, {**files[name], ALGORITHM: None})
 
-
-def tags_newest_first(checkpoint_dir: str) -> list[str]:
-    """The complete tags in a checkpoint folder (those with metadata), the newest saved first."""
-    from launcher.zero.checkpoint.format import METADATA
-
-    found = []
-    for name in os.listdir(checkpoint_dir):
-        marker = os.path.join(checkpoint_dir, name, METADATA)
-        if not name.startswith(".") and os.path.isfile(marker):
-            found.append((os.path.getmtime(marker), name))
-    return [name for _, name in sorted(found, reverse=True)]
-
-
 def check_tag(folder: str) -> bool:
     """Every file of a tag against its digest (offline tools read them all anyway); False: no manifest."""
     files = read_manifest(folder)

@@ -143,7 +143,7 @@ def newest_intact(load_dir: str, tag: str, explicit: bool, read, agree):
     every rank's problem ("" for none), so all ranks take the same tag. Returns
     ``(tag, read's value, [(damaged tag, its first problem)])``; a damaged tag asked for by name,
     or no intact tag, is a CheckpointDamagedError on every rank."""
-    candidates = [tag] if explicit else [tag] + [t for t in digest.tags_newest_first(load_dir) if t != tag]
+    candidates = [tag] if explicit else [tag] + [t for t in tags_newest_first(load_dir) if t != tag]
     damaged: list[tuple[str, str]] = []
     for candidate in candidates:
         try:
@@ -161,3 +161,13 @@ def newest_intact(load_dir: str, tag: str, explicit: bool, read, agree):
     every = "; ".join(f"'{t}': {p}" for t, p in damaged)
     raise CheckpointDamagedError(f"no intact checkpoint in {load_dir}: {every}",
                                  hint="restore the damaged files from a copy, or start without load_checkpoint")
+
+
+def tags_newest_first(checkpoint_dir: str) -> list[str]:
+    """The complete tags in a checkpoint folder (those with metadata), the newest saved first."""
+    found = []
+    for name in os.listdir(checkpoint_dir):
+        marker = os.path.join(checkpoint_dir, name, METADATA)
+        if not name.startswith(".") and os.path.isfile(marker):
+            found.append((os.path.getmtime(marker), name))
+    return [name for _, name in sorted(found, reverse=True)]

@@ -8,7 +8,8 @@ import contextlib
 
 import torch
 
-from launcher.zero.errors import ConfigError
+from launcher.zero.stages.nvme_states import MOMENTS, NvmeStates, check_folder
+from launcher.zero.errors import ConfigError, NvmeOffloadError
 
 #: elements of the widest vector the CPU Adam kernel uses (AVX-512 fp32 x 4): NVMe chunks are multiples
 _VECTOR = 64
@@ -23,8 +24,6 @@ class Stage3Nvme:
         offload = zero.offload_optimizer
         if not (self.offload_optimizer and offload.device == "nvme"):
             return None
-        from launcher.zero.stages.nvme_states import NvmeStates, check_folder
-
         if not hasattr(optimizer, "state_feed"):
             raise ConfigError(f"zero_optimization.offload_optimizer.device 'nvme' steps with the engine's CPU Adam, "
                               f"not {type(optimizer).__name__}",
@@ -42,8 +41,6 @@ class Stage3Nvme:
     def _master_to_files(self, master, optimizer, nvme_path: str) -> torch.Tensor:
         """nvme: a group's master and zero moments written whole now (the disk space reserved before
         training: a disk too small refuses the start, not a later step)."""
-        from launcher.zero.errors import NvmeOffloadError
-
         try:
             return self.nvme.add_group(master, optimizer.moment_dtype(master))
         except NvmeOffloadError as error:
@@ -86,8 +83,6 @@ class Stage3Nvme:
         if self.nvme is None or self._nvme_resident:
             yield
             return
-        from launcher.zero.stages.nvme_states import MOMENTS
-
         placeholders = [master.data for master in self.masters]
         for position, master in enumerate(self.masters):
             values = self.nvme.read_group(position)

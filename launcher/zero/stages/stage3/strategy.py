@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import torch
 
+from launcher.zero.stages.grad_feed import GradFeed
+from launcher.zero.stages.stage3.overlap import Stage3StepOverlap
+from launcher.zero.stages.whole_params import _prepare_of
 from launcher.zero.distributed.collectives import broadcast_from, gradient_scales
 from launcher.zero.errors import ConfigError
 from launcher.zero.layout.flat import trainable_groups
@@ -134,8 +137,6 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
 
     def _start_feed(self, optimizer, pin: bool):
         """device_grads: the optimizer takes each chunk's gradient from a GradFeed over self.grads."""
-        from launcher.zero.stages.grad_feed import GradFeed
-
         feed = GradFeed(self.context.dist_context.device, optimizer.chunk_elements, pin,
                         dtype=self.context.precision.master_dtype)
         feed.use(self.masters, self.grads)
@@ -146,9 +147,6 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
 
     def _start_overlap(self, module, optimizer, pin: bool) -> None:
         """overlap_step: a second host gradient buffer per group, and the per-parameter waits."""
-        from launcher.zero.stages.stage3.overlap import Stage3StepOverlap
-        from launcher.zero.stages.whole_params import _prepare_of
-
         _prepare_of(optimizer)
         self.spare_grads = [host_buffer(g.numel(), g.dtype, pin) if g.device.type == "cpu" and pin
                             else torch.zeros_like(g) for g in self.grads]
