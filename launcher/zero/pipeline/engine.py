@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-import launcher.zero.stall_beat as rank_progress   # --stall_timeout
+import launcher.zero.stall_beat as stall_beat   # --stall_timeout
 from launcher.zero.checkpoint import pipeline_save_load
 from launcher.zero.distributed.parallel_layout import ParallelLayout
 from launcher.zero.engine.accessors import ConfigAccessors, RankAccessors, StepCounterAccessors
@@ -263,9 +263,9 @@ class PipelineEngine(ConfigAccessors, RankAccessors, StepCounterAccessors):
         """Run ``gradient_accumulation_steps`` micro-batches and one optimizer step; return the mean loss.
         Without a ``loss_fn`` the last stage's output is the loss (DeepSpeed's rule)."""
         self.module.train()
-        rank_progress.reached(self.global_steps)   # --stall_timeout counts batches and steps, not a stage's
+        stall_beat.reached(self.global_steps)   # --stall_timeout counts batches and steps, not a stage's
         losses = self._run_schedule(self._next_batches(data_iter), train=True)["losses"]   # actions (stages differ)
-        rank_progress.reached(self.global_steps)
+        stall_beat.reached(self.global_steps)
         self._step()
         return self._mean_loss(losses)
 
@@ -282,7 +282,7 @@ class PipelineEngine(ConfigAccessors, RankAccessors, StepCounterAccessors):
             raise ConfigError(f"eval_batch: reduce_output {reduce_output!r} is not supported",
                               hint='reduce_output="avg" (the mean) or None (each micro-batch\'s value)')
         self.module.eval()
-        rank_progress.reached(self.global_steps)
+        stall_beat.reached(self.global_steps)
         count = num_micro_batches or self.micro_batches
         saved, self.micro_batches = self.micro_batches, count
         try:
