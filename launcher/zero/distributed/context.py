@@ -119,28 +119,28 @@ def _destroy_at_exit() -> None:
 
 def _destroy() -> None:
     if dist.is_initialized():
-        world = dist.group.WORLD
         try:
             dist.destroy_process_group()
         except Exception:  # at interpreter exit a broken peer must not turn into a traceback
             pass
-        _drop_captured_group(world)
-        del world
-        gc.collect()   # the group's threads end here, not in interpreter finalization
+    # also where the script destroyed the group itself: the captured defaults still hold it
+    _drop_captured_groups()
+    gc.collect()   # the group's threads end here, not in interpreter finalization
 
 
-def _drop_captured_group(group) -> None:
-    """Free a default group that torch.distributed.nn.functional captured in its default arguments.
+def _drop_captured_groups() -> None:
+    """Free the process groups torch.distributed.nn.functional captured in its default arguments.
 
     Imported after init_process_group (a script that starts the group itself, then lets torch.optim
-    import torch._dynamo), that module binds ``group=group.WORLD`` into 19 functions' defaults. The
-    group then outlives destroy_process_group, and its gloo threads die only in interpreter
-    finalization, where they abort the rank ("terminate called without an active exception").
+    import torch._dynamo), that module binds ``group=group.WORLD`` into its functions' defaults. The
+    group then outlives destroy_process_group, ours or the script's, and its gloo threads die only
+    in interpreter finalization, where they can abort the rank ("terminate called without an active
+    exception"; seen once in a loaded CI run, tests/dist/test_onebit_engine.py).
     """
     module = sys.modules.get("torch.distributed.nn.functional")
-    if module is None or group is None:
+    if module is None or not dist.is_available():
         return
     for value in list(vars(module).values()):
         defaults = getattr(value, "__defaults__", None)
-        if defaults and any(item is group for item in defaults):
-            value.__defaults__ = tuple(None if item is group else item for item in defaults)
+        if defaults and any(isinstance(item, dist.ProcessGroup) for item in defaults):
+            value.__defaults__ = tuple(None if isinstance(item, dist.ProcessGroup) else item for item in defaults)
