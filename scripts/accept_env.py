@@ -32,7 +32,21 @@ def process_env(device: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
     if device == "cpu":
         env.update(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="")
+    elif "TORCH_CUDA_ARCH_LIST" not in env and (archs := arch_list(_capabilities())):
+        env["TORCH_CUDA_ARCH_LIST"] = archs
     return env
+
+
+def arch_list(capabilities: list[tuple[int, int]]) -> str:
+    """TORCH_CUDA_ARCH_LIST for these cards, as plain ``major.minor`` numbers: left unset, DeepSpeed
+    0.19.8's op builder reads the arch list from torch, gets ``9.0a`` on an H100 and fails to parse it
+    (``invalid literal for int() with base 10: '0a'``), so every DeepSpeed cell errors."""
+    return ";".join(sorted({f"{major}.{minor}" for major, minor in capabilities}))
+
+
+def _capabilities() -> list[tuple[int, int]]:
+    import torch   # only for a CUDA run; the parent has loaded it already
+    return [torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())]
 
 
 def _holds_deepspeed(folder: str) -> bool:

@@ -57,6 +57,21 @@ def test_a_cell_over_the_bound_is_red_and_a_known_deepspeed_gap_is_not():
     assert missing["status"] == "not run" and table.is_red(missing)
 
 
+def test_cuda_processes_get_an_arch_list_deepspeed_can_parse(monkeypatch):
+    """DeepSpeed 0.19.8's op builder fails on torch's '9.0a' (an H100): the run names plain numbers."""
+    from scripts import accept_env
+    assert accept_env.arch_list([(9, 0), (9, 0)]) == "9.0"
+    assert accept_env.arch_list([(8, 0), (9, 0)]) == "8.0;9.0"
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    monkeypatch.setattr(accept_env, "_capabilities", lambda: [(9, 0)])
+    assert accept_env.process_env("cuda")["TORCH_CUDA_ARCH_LIST"] == "9.0"
+    assert "TORCH_CUDA_ARCH_LIST" not in accept_env.process_env("cpu")
+    monkeypatch.setattr(accept_env, "_capabilities", lambda: [])
+    assert "TORCH_CUDA_ARCH_LIST" not in accept_env.process_env("cuda")
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0+PTX")   # the user's own choice is kept
+    assert accept_env.process_env("cuda")["TORCH_CUDA_ARCH_LIST"] == "9.0+PTX"
+
+
 def test_engine_mfu_is_the_median_after_warm_up():
     lines = ["[zero] progress step=1 loss=5 mfu=1.0%", "[zero] progress step=2 loss=5 mfu=40.0%",
              "[rank 0] [zero] progress step=3 loss=5 tflop/s=1 mfu=42.0%", "noise mfu=9%"]
