@@ -64,7 +64,7 @@ def trace_costs(tokens_per_s: dict[str, float], twins: dict[str, str]) -> dict[s
 
 def add_trace_cost(results: list[dict], twins: dict[str, str]) -> list[dict]:
     """Each ok first run of a traced variant whose trace-off twin ran too, with ``trace_cost`` and
-    ``trace_off_twin`` (zero2 beside zero2_nantrace_off: 0.012 is a 1.2% slower step)."""
+    ``trace_off_twin`` (zero2_nantrace beside zero2_nantrace_off: 0.012 is a 1.2% slower step)."""
     first = {r["variant"]: r["tokens_per_s"] for r in results if r["status"] == "ok" and "#" not in r["variant"]}
     costs = trace_costs(first, twins)
     off_of = {on: off for off, on in twins.items()}

@@ -213,11 +213,11 @@ def torch_pinned_host_buffers() -> None:
 
 
 def ours(stage: int, offload: bool = False, overlap: bool = False, compiled: bool = False,
-         offload_param: bool = False, fp32: bool = False, trace: bool = True, torch_pinned: bool = False,
+         offload_param: bool = False, fp32: bool = False, trace: bool | None = None, torch_pinned: bool = False,
          bf16_states: bool = False, nvme: bool = False):
     """Our engine, launcher.zero, at a stage (with optimizer offload to CPU if asked; compiled:
-    the whole module at stages 0-2, per block at stage 3; fp32: bf16 off; trace False: the inf/NaN
-    trace off, ``non_finite.trace``, on by default; torch_pinned: see torch_pinned_host_buffers;
+    the whole module at stages 0-2, per block at stage 3; fp32: bf16 off; trace True/False: the inf/NaN
+    trace, ``non_finite.trace`` (off by default), on/off; torch_pinned: see torch_pinned_host_buffers;
     bf16_states, nvme: see engine_config)."""
 
     def build(model: torch.nn.Module, settings: Settings) -> Step:
@@ -234,8 +234,8 @@ def ours(stage: int, offload: bool = False, overlap: bool = False, compiled: boo
         config = engine_config(stage, offload, settings, overlap, offload_param, fp32, bf16_states, nvme)
         if compiled:   # the engine's own path: zero.initialize compiles (engine.compile)
             config["compile"] = compile_config(settings)
-        if not trace:
-            config["non_finite"] = {"trace": False}
+        if trace is not None:
+            config["non_finite"] = {"trace": trace}
         try:
             engine, _, _, _ = zero.initialize(model=model, config=config)
         except (ImportError, NotImplementedError) as exc:
@@ -315,12 +315,14 @@ VARIANTS: dict[str, Callable[[torch.nn.Module, Settings], Step]] = {
     # fp32 throughout (issue 39: is MoE's bf16 gap to DeepSpeed routing noise or a real difference?)
     "zero2_fp32": ours(2, fp32=True),
     "ds_zero2_fp32": deepspeed(2, fp32=True),
-    # the inf/NaN trace (non_finite.trace, on by default) off: --variants zero2,zero2_nantrace_off prints its cost
+    # the inf/NaN trace (non_finite.trace, off by default) on and off: --variants zero2_nantrace,zero2_nantrace_off
+    # prints its cost
+    **{f"zero{s}_nantrace": ours(s, trace=True) for s in range(4)},
     **{f"zero{s}_nantrace_off": ours(s, trace=False) for s in range(4)},
 }
 
 #: a variant with the inf/NaN trace off beside the same variant with it on (bench_report.add_trace_cost)
-TRACE_OFF_TWIN = {name: name[:-len("_nantrace_off")] for name in VARIANTS if name.endswith("_nantrace_off")}
+TRACE_OFF_TWIN = {name: name[:-len("_off")] for name in VARIANTS if name.endswith("_nantrace_off")}
 
 #: each variant of ours beside the DeepSpeed variant of the same config (per-step losses)
 DEEPSPEED_TWIN = {name: "ds_" + name.replace("_overlap", "") for name in VARIANTS

@@ -10,7 +10,7 @@
 #                                            Trainer at ZeRO-3; the table on stdout and in OUTDIR/accept.md
 #                                            (also in accept.tar.gz); exits 1 if a cell is red  (~7.5 min)
 #   scripts/gpu_runs.sh after OUTDIR        issue 39/42's measurements left by the 2026-12-06 evening session (no machine
-#                                            came): the inf/NaN trace's step cost (zero2 vs zero2_nantrace_off), compile
+#                                            came): the inf/NaN trace's step cost (zero2_nantrace vs zero2_nantrace_off), compile
 #                                            ratios (GPT 406M; HF Llama 1.24B) and Qwen2's stages 1-3 beside plain (~7 min)
 #   scripts/gpu_runs.sh accept-tests OUTDIR  the same with a shorter budget, then the GPU tests if time is left
 #                                            (a '-', not a '+': the packed file is named after the part)
@@ -147,7 +147,7 @@ case $part in
     if [ "$left" -ge 60 ] || [ "$part" = check ]; then gpu_tests "$left"; else echo "== gpu-tests: skipped, ${left}s left"; fi
     ;;&
   after|check)
-    run nantrace 90 "${bench[@]}" --steps 8 --timeout 45 --peak-size 0 --variants zero2,zero2_nantrace_off
+    run nantrace 90 "${bench[@]}" --steps 8 --timeout 45 --peak-size 0 --variants zero2_nantrace,zero2_nantrace_off
     run gpt-compile 130 "${bench[@]}" --timeout 60 --variants plain,plain_compile,zero2_compile,zero3_compile
     run llama-compile 160 python3 scripts/bench_engine.py --model llama --batch 8 --warmup 2 --steps 5 --timeout 60 \
         --peak-size 0 --variants plain_compile,zero1_compile,zero2_compile,zero3_compile

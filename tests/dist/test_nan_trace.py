@@ -13,7 +13,7 @@ def run(tmp_path, config: dict, layer: str, global_steps: int, rank: int, micro_
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1, "gradient_clipping": 1.0,
                                 "bf16": {"enabled": True}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-                                **config}))
+                                "non_finite": {"trace": True}, **config}))
     results = run_world(WORKER, 2, str(path), layer, str(global_steps), "5", str(rank), str(micro_batch), phase,
                         timeout=300)
     assert all(r.returncode == 0 for r in results), results[0].stderr + results[1].stderr
@@ -67,9 +67,10 @@ def test_a_gradient_that_goes_non_finite_in_the_backward_is_named_in_backward_or
            "blocks.1.ln_1's output, was not)" in said, said
 
 
-def test_with_trace_off_the_re_run_cannot_see_a_step_keyed_inf_and_says_so_once(tmp_path):
-    results = run(tmp_path, {"zero_optimization": {"stage": 1}, "non_finite": {"trace": False}}, "blocks.1.fc", 3,
+def test_by_default_trace_off_the_re_run_cannot_see_a_step_keyed_inf_and_says_how_to_once(tmp_path):
+    results = run(tmp_path, {"zero_optimization": {"stage": 1}, "non_finite": {}}, "blocks.1.fc", 3,
                   rank=1, micro_batch=-1, phase="forward")
     said = said_about_the_step(results)
     assert "a re-run of the step's last micro-batch stayed finite on every rank" in said, said   # step-keyed
+    assert 'to see it during the step: "non_finite": {"trace": true}' in said, said
     assert said.count("non-finite gradients at step 4:") == 1 and "loss is nan" not in said, said

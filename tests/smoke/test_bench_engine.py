@@ -144,10 +144,10 @@ def test_summarize_repeats_takes_medians_of_runs_and_ratios_to_plains_median():
 def test_the_inf_nan_trace_cost_is_the_traced_variants_slowdown_against_its_trace_off_twin():
     from scripts.bench_variants import TRACE_OFF_TWIN, VARIANTS
 
-    assert TRACE_OFF_TWIN["zero2_nantrace_off"] == "zero2" and "zero2_nantrace_off" in VARIANTS
-    rows = bench_report.add_trace_cost([_ok("zero2", 98.0), _ok("zero2_nantrace_off", 100.0), _ok("zero1", 50.0)],
-                                       TRACE_OFF_TWIN)
+    assert TRACE_OFF_TWIN["zero2_nantrace_off"] == "zero2_nantrace" and "zero2_nantrace_off" in VARIANTS
+    rows = bench_report.add_trace_cost([_ok("zero2_nantrace", 98.0), _ok("zero2_nantrace_off", 100.0),
+                                        _ok("zero1", 50.0)], TRACE_OFF_TWIN)
     assert rows[0]["trace_cost"] == 0.02 and "trace_cost" not in rows[1] and "trace_cost" not in rows[2]
     assert bench_report.format_trace_costs(rows) == \
-        "[trace] zero2: the inf/NaN trace costs 2.00% of a step (tokens/s vs zero2_nantrace_off)"
-    assert bench_report.trace_costs({"zero2": 98.0}, TRACE_OFF_TWIN) == {}   # no twin ran: no figure
+        "[trace] zero2_nantrace: the inf/NaN trace costs 2.00% of a step (tokens/s vs zero2_nantrace_off)"
+    assert bench_report.trace_costs({"zero2_nantrace": 98.0}, TRACE_OFF_TWIN) == {}   # no twin ran: no figure

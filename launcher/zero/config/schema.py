@@ -206,10 +206,11 @@ class NonFiniteConfig:
 
     action: str = spec("skip", "str", "skip: skip the step and train on (DeepSpeed's behaviour); "
                        "stop: end the job with exit code 65", choices=("skip", "stop"))
-    trace: bool = spec(True, "bool", "watch every module's output and output gradient on the device during the "
+    trace: bool = spec(False, "bool", "watch every module's output and output gradient on the device during the "
                        "step, so the job's first non-finite step names the first module that went inf/NaN, its "
-                       "rank and micro-batch (read only at a non-finite step; off under torch.compile)")
-    diagnose: bool = spec(True, "bool", "with trace off: at the job's first non-finite step, re-run its last "
+                       "rank and micro-batch (read only at a non-finite step; off under torch.compile; off by "
+                       "default: 5% of a step on an H100, docs/engine/watching.md)")
+    diagnose: bool = spec(True, "bool", "with trace off (the default): at the job's first non-finite step, re-run its last "
                           "micro-batch with hooks to name the first layer whose output or gradient went non-finite")
     stuck_scale_steps: int = spec(50, "int", "fp16 without ZeRO: stop after this many overflowing steps in a row "
                                   "at min_loss_scale (ZeRO 1-3 stop at once, as DeepSpeed)", min=1)

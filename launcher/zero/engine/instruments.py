@@ -264,7 +264,8 @@ class StepInstruments:
                          "from code outside the modules: the loss function, or the gradients' reduction)")
         elif self.config.non_finite.diagnose:
             lines.append("a re-run of the step's last micro-batch stayed finite on every rank (the inf/NaN came "
-                         "from an earlier micro-batch of the step, or does not repeat)")
+                         "from an earlier micro-batch of the step, or does not repeat); to see it during the "
+                         "step: \"non_finite\": {\"trace\": true} (about 5% of a step on an H100)")
         lasts = [entry[2] for entry in gathered if entry[2] is not None]
         if lasts and all(math.isfinite(v) for v in lasts):
             lines.append(f"last finite loss: {sum(lasts) / len(lasts):.6g} at step {gathered[0][3]} (mean over ranks)")
