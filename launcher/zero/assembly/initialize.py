@@ -90,7 +90,7 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
                                     dist_context=dist_context, precision=precision, strategy=strategy,
                                     loss_scaler=scaler, monitor=monitor, dataloader=dataloader,
                                     tensor_parallel=layout.tensor_parallel,
-                                    instruments=StepInstruments(cfg, dist_context, monitor, environ), experts=experts))
+                                    instruments=StepInstruments(cfg, layout, monitor, environ), experts=experts))
     _ready_and_compiled(engine, monitor, param_count)
     return engine, engine.optimizer, dataloader, scheduler
 

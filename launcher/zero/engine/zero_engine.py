@@ -92,7 +92,7 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         self.training_dataloader = parts.dataloader
         self.tensor_parallel = parts.tensor_parallel
         self.experts = parts.experts
-        self.instruments = parts.instruments or StepInstruments(parts.config, parts.dist_context, parts.monitor, {})
+        self.instruments = parts.instruments or StepInstruments(parts.config, self.parallel_layout, parts.monitor, {})
         self.counters = StepCounters()     # global_steps, global_samples, skipped_steps (StepCounterAccessors)
         self._step_rules = StepRules(skips_non_finite=skips_non_finite(self.precision.param_dtype, self.zero_config),
                                      clip=self.zero_config.gradient_clipping, device=self.dist_context.device)
