@@ -107,7 +107,7 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         run = InstrumentedRun(self.module, self.loss_scaler, self.strategy.stage,
                               self.zero_config.train_micro_batch_size_per_gpu, self.progress)
         # timers, progress line, stall beat, FLOPs, inf/NaN trace, plain-backward marks (step_observer.py)
-        self.observer = StepObserver(run, self.instruments, hooks, self.counters, lambda: self.is_compiled,
+        self.observer = StepObserver(self.counters, run, self.instruments, hooks, lambda: self.is_compiled,
                                      self.memory_breakdown)
         fragment_access.register(self)   # deepspeed.utils.safe_get_full_fp32_param(param) finds the engine
 
