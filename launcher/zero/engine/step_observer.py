@@ -1,4 +1,4 @@
-"""What watches the micro-step, called at its boundaries, so the engine's step shows only its math.
+"""What watches both engines' steps, called at their boundaries, so each step shows only its math.
 
 ``ZeroEngine`` calls, in this order::
 
@@ -22,7 +22,8 @@ calls, per ``train_batch`` (``eval_batch``: the first two)::
 Behind it: the stall beat (launcher.zero.stall_beat, ``--stall_timeout``), the phase timers and the
 progress line (reporting.Progress), the FLOPs count, the profile and the inf/NaN diagnosis
 (instruments.StepInstruments), and the marks that route a plain ``loss.backward()`` through the engine
-(plain_backward.BackwardHooks). None of it changes what the step computes; what watches never
+(plain_backward.BackwardHooks); for the pipeline, the schedule's wall time and receive waits
+(``schedule_timing``). None of it changes what the step computes; what watches never
 fails the step (instruments.py says how).
 """
 from __future__ import annotations
