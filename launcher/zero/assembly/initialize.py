@@ -87,10 +87,9 @@ def initialize(args=None, model: torch.nn.Module | None = None, optimizer=None, 
     monitor = _monitor(cfg, dist_context.rank)
     dataloader = _dataloader(training_data, cfg, dist_context, collate_fn)
     engine = ZeroEngine(EngineParts(module=model, optimizer=optimizer, lr_scheduler=scheduler, config=cfg,
-                                    dist_context=dist_context, precision=precision, strategy=strategy,
-                                    loss_scaler=scaler, monitor=monitor, dataloader=dataloader,
-                                    tensor_parallel=layout.tensor_parallel,
-                                    instruments=StepInstruments(cfg, dist_context, monitor, environ), experts=experts))
+                                    precision=precision, strategy=strategy, loss_scaler=scaler, monitor=monitor,
+                                    dataloader=dataloader, instruments=StepInstruments(cfg, layout, monitor, environ),
+                                    experts=experts))
     _ready_and_compiled(engine, monitor, param_count)
     return engine, engine.optimizer, dataloader, scheduler
 

@@ -38,7 +38,7 @@ def save_checkpoint(engine, save_dir: str, tag=None, client_state: dict | None =
     tag = str(tag) if tag is not None else f"global_step{engine.global_steps}"
     _check_tag_and_folder(engine, tag, problem)   # before anything is written; the same error on every rank
     save_dir = os.fspath(save_dir)
-    rank, tensor = engine.dist_context.rank, engine.tensor_parallel
+    rank, tensor = engine.dist_context.rank, engine.parallel_layout.tensor_parallel
     prefix = fmt.tensor_prefix(tensor.rank, tensor.size)
     lead = rank == 0 and tensor.rank == 0      # one rank of the whole job makes and publishes the folder
     partial = os.path.join(save_dir, f".{tag}.partial")
@@ -140,7 +140,7 @@ def _metadata(engine, listings) -> dict:
                 "stage": engine.zero_config.zero_stage,
                 "param_dtype": str(engine.precision.param_dtype), "global_steps": engine.global_steps,
                 "params": params, "shared_params": shared, "frozen_params": frozen, "ranks": listings}
-    tensor = engine.tensor_parallel
+    tensor = engine.parallel_layout.tensor_parallel
     if tensor.size > 1:
         metadata["tensor_parallel"] = {"size": tensor.size, "rank": tensor.rank,
                                        "partition_dims": dict(tensor.partition_dims)}
@@ -189,7 +189,7 @@ def load_checkpoint(engine, load_dir, tag=None, load_module_strict=True, load_op
         return None, None
     if is_deepspeed_checkpoint(os.path.join(load_dir, resolved)):   # a DeepSpeed job switching over
         path = os.path.join(load_dir, resolved)
-        _check_tensor_size(path, {}, engine.tensor_parallel.size)
+        _check_tensor_size(path, {}, engine.parallel_layout.size("tensor"))
         fragments = _global_names(engine, engine.strategy.fragments())
         metadata, states, shards = read_deepspeed(engine, path, fragments, functools.partial(_all_gather_object, engine))
         read = _TagRead(path, "", metadata, states, fragments, shards, verified=True)
@@ -230,7 +230,7 @@ def _read_intact(engine, load_dir: str, tag: str, explicit: bool) -> _TagRead:
 
 
 def _say_what_was_loaded(engine, load_dir: str, tag: str, damaged: list, read: _TagRead) -> None:
-    if engine.dist_context.rank != 0 or engine.tensor_parallel.rank != 0:
+    if engine.dist_context.rank != 0 or engine.parallel_layout.rank("tensor") != 0:
         return
     if damaged:
         skipped = "; ".join(f"'{t}' is damaged: {p}" for t, p in damaged)
@@ -244,7 +244,7 @@ def _read_tag(engine, path: str) -> _TagRead:
     """Every file of ``path`` this rank restores from, checked against the manifest (CheckpointDamagedError)."""
     files = digest.read_manifest(path)
     expected = files or {}
-    tensor = engine.tensor_parallel
+    tensor = engine.parallel_layout.tensor_parallel
     if files is not None and engine.dist_context.rank == 0 and tensor.rank == 0:
         digest.check_listing(path, files)   # a missing or cut file that no rank reads is still seen
     _check_tensor_size(path, fmt.read_metadata(path, expected=expected.get(fmt.METADATA)), tensor.size)
@@ -392,7 +392,7 @@ def _barrier(engine) -> None:
 
 def job_barrier(engine) -> None:
     """Every rank of the job: under tensor parallelism the engine's group is one tensor rank's data ranks."""
-    if engine.tensor_parallel.size > 1:
+    if engine.parallel_layout.size("tensor") > 1:
         dist.barrier()
     else:
         _barrier(engine)
@@ -406,7 +406,7 @@ def _all_gather_object(engine, value, whole_job: bool = False) -> list:
     """
     layout = engine.parallel_layout
     device, group, world = engine.dist_context.device, layout.group("data"), layout.size("data")
-    if whole_job and engine.tensor_parallel.size > 1:
+    if whole_job and engine.parallel_layout.size("tensor") > 1:
         group, world = None, dist.get_world_size()
     if world == 1:
         return [value]
@@ -434,7 +434,7 @@ def _check_tag_and_folder(engine, tag: str, folder_problem: str | None) -> None:
     fails the save on every rank alike (a rank raising alone would leave the others waiting in the
     save's collectives), then the tag check (``checkpoint.tag_validation``)."""
     mode = engine.zero_config.checkpoint.tag_validation.lower()
-    if engine.dist_context.world_size * engine.tensor_parallel.size == 1:
+    if engine.dist_context.world_size * engine.parallel_layout.size("tensor") == 1:
         entries = [[tag, folder_problem]]
     else:
         entries = _all_gather_object(engine, [tag, folder_problem], whole_job=True)

@@ -2,7 +2,7 @@
 
 Mixins of ZeroEngine (zero_engine.py) and, for what means the same there, of the pipeline's
 engine (pipeline/engine.py): views of what it was built with (``config``, ``dist_context``,
-``optimizer``, ``loss_scaler``, ``precision``, ``strategy``, ``tensor_parallel``); the step's own
+``optimizer``, ``loss_scaler``, ``precision``, ``strategy``, ``parallel_layout``); the step's own
 state (counters, boundary, norm) is answered by the engine.
 """
 from __future__ import annotations
@@ -169,7 +169,7 @@ class EngineAccessors(ConfigAccessors, RankAccessors, StepCounterAccessors):
     @property
     def mp_world_size(self) -> int:
         """The tensor-parallel size (``mpu.get_model_parallel_world_size()``); 1 without ``mpu=``."""
-        return self.tensor_parallel.size
+        return self.parallel_layout.size("tensor")
 
     @property
     def communication_data_type(self) -> torch.dtype:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from launcher.zero.distributed.parallel_layout import ParallelLayout
 from launcher.zero.engine.nan_probe import Finding, probe
 from launcher.zero.engine.nan_trace import NanTrace
 from launcher.zero.errors import LossScaleAtMinimumError, NonFiniteError
@@ -54,13 +55,13 @@ class InstrumentedRun:
 class StepInstruments:
     """One per engine; rank 0 prints, every rank takes part in a diagnosis (it may gather)."""
 
-    def __init__(self, config, dist_context, monitor, environ: dict[str, str]):
+    def __init__(self, config, parallel: ParallelLayout, monitor, environ: dict[str, str]):
         self.config = config
-        self.dist_context = dist_context
+        self.parallel = parallel       # the diagnosis gathers over its data axis (the ranks ZeRO spans)
         self.monitor = monitor
-        self.rank = dist_context.rank
+        self.rank = parallel.rank("data")
         self._profiling_step = False   # the FLOPs profile is being taken this step
-        device = dist_context.device
+        device = parallel.data.device
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
         self.peak = peak_tflops(environ, name) if self.rank == 0 else None
         self._sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -293,10 +294,10 @@ class StepInstruments:
 
     def _gather(self, mine: tuple) -> list[tuple]:
         """Every rank's (finding, loss, last loss, its step), in rank order."""
-        if self.dist_context.world_size == 1:
+        if self.parallel.size("data") == 1:
             return [mine]
-        gathered = [None] * self.dist_context.world_size
-        torch.distributed.all_gather_object(gathered, mine, group=self.dist_context.group)
+        gathered = [None] * self.parallel.size("data")
+        torch.distributed.all_gather_object(gathered, mine, group=self.parallel.group("data"))
         return gathered
 
     # ---- the profile ------------------------------------------------------------------------
@@ -306,7 +307,7 @@ class StepInstruments:
         section = self.config.flops_profiler
         count: FlopCount = self._count
         facts = StepFacts(step=self.profile_step, params=sum(p.numel() for p in run.module.parameters()),
-                          world_size=self.dist_context.world_size, micro_batch=run.micro_batch,
+                          world_size=self.parallel.size("data"), micro_batch=run.micro_batch,
                           forward_s=self._times["forward"], backward_s=self._times["backward"],
                           step_s=self._times["step"])
         types = {name: type(m).__name__ for name, m in run.module.named_modules()}

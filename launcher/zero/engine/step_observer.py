@@ -1,4 +1,4 @@
-"""What watches the micro-step, called at its boundaries, so the engine's step shows only its math.
+"""What watches both engines' steps, called at their boundaries, so each step shows only its math.
 
 ``ZeroEngine`` calls, in this order::
 
@@ -12,16 +12,25 @@
     with step():                  around the optimizer step of an accumulation boundary
     step_done(facts)              after it, with the step's numbers
 
+``PipelineEngine`` (pipeline/engine.py) runs a batch's forwards and backwards as one schedule, so it
+calls, per ``train_batch`` (``eval_batch``: the first two)::
+
+    batch_begins()                before the batch's schedule
+    with schedule(link):          around this stage's schedule of forwards and backwards
+    step_reached()                before the optimizer step
+
 Behind it: the stall beat (launcher.zero.stall_beat, ``--stall_timeout``), the phase timers and the
 progress line (reporting.Progress), the FLOPs count, the profile and the inf/NaN diagnosis
 (instruments.StepInstruments), and the marks that route a plain ``loss.backward()`` through the engine
-(plain_backward.BackwardHooks). None of it changes what the step computes; what watches never
+(plain_backward.BackwardHooks); for the pipeline, the schedule's wall time and receive waits
+(``schedule_timing``). None of it changes what the step computes; what watches never
 fails the step (instruments.py says how).
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from typing import Callable
 
 import torch
@@ -34,17 +43,24 @@ from launcher.zero.engine.reporting import Progress, StepFacts
 
 
 class StepObserver:
-    """One per engine: the one interface between the micro-step and what watches it."""
+    """One per engine: the one interface between the engine's step and what watches it.
 
-    def __init__(self, run: InstrumentedRun, instruments: StepInstruments, hooks: BackwardHooks,
-                 counters: StepCounters, compiled: Callable[[], bool], memory: Callable[[], dict[str, int]]):
+    The pipeline engine builds it from its ``counters`` alone: it calls the batch hooks and
+    ``step_reached`` (the stall beat and the schedule's timing; no progress line, FLOPs count or
+    inf/NaN trace there), and the micro-step hooks, which read the rest, are ZeroEngine's."""
+
+    def __init__(self, counters: StepCounters, run: InstrumentedRun | None = None,
+                 instruments: StepInstruments | None = None, hooks: BackwardHooks | None = None,
+                 compiled: Callable[[], bool] = lambda: False, memory: Callable[[], dict[str, int]] = dict):
+        self.counters = counters        # the engine's step counters, read (never written) here
         self.run = run                  # module, loss scaler, stage, micro-batch, progress
-        self.progress: Progress = run.progress
+        self.progress: Progress | None = run.progress if run is not None else None
         self.instruments = instruments
         self.hooks = hooks
-        self.counters = counters        # the engine's step counters, read (never written) here
         self.compiled = compiled        # whether engine.compile() ran (no hooks then, no eager count on old torch)
         self.memory = memory            # the memory breakdown, for the progress line
+        #: the last pipeline schedule's wall time and the time it waited in receives (``schedule``)
+        self.schedule_timing: dict[str, float] = {}
 
     # ---- forward ----------------------------------------------------------------------------
     def forward_begins(self) -> None:
@@ -108,3 +124,17 @@ class StepObserver:
         self.progress.timers.stop("step")
         events = self.instruments.event_values(facts, self.progress.tokens_per_sample)
         self.progress.after_step(dataclasses.replace(facts, events=events), self.memory)
+
+    # ---- a pipeline batch -------------------------------------------------------------------
+    def batch_begins(self) -> None:
+        """A pipeline batch (train or eval) starts: one beat for its whole schedule, whose actions
+        differ by stage (--stall_timeout compares ranks by batches and steps)."""
+        stall_beat.reached(self.counters.global_steps)
+
+    @contextlib.contextmanager
+    def schedule(self, link):
+        """Around a pipeline stage's schedule: its wall time and the time ``link`` (p2p.StageLink)
+        spent blocked in receives, the stage's bubble (scripts/bench_pipeline.py reads them)."""
+        started, link.recv_wait_s = time.perf_counter(), 0.0
+        yield
+        self.schedule_timing = {"wall_s": time.perf_counter() - started, "recv_wait_s": link.recv_wait_s}

@@ -23,7 +23,6 @@ from launcher.zero.checkpoint import save_load
 from launcher.zero.checkpoint.format import tensor_prefix
 from launcher.zero.config.schema import ZeroConfig
 from launcher.zero.distributed.context import DistContext
-from launcher.zero.distributed.parallel_layout import TensorParallelInfo   # the layout's tensor axis, as checkpoints record it
 from launcher.zero.engine.accessors import EngineAccessors
 from launcher.zero.engine.accumulation import Accumulation
 from launcher.zero.engine.compiling import compile_engine
@@ -47,20 +46,18 @@ from launcher.zero.stages.base import DeviceNorm, ZeroStrategy
 
 @dataclass
 class EngineParts:
-    """What zero.initialize assembled for the engine."""
+    """What zero.initialize assembled for the engine. The parallel layout (every axis's ranks and group)
+    comes with the strategy (``strategy.context.parallel``), so no field repeats a view of it."""
 
     module: torch.nn.Module
     optimizer: torch.optim.Optimizer
     lr_scheduler: Any
     config: ZeroConfig
-    dist_context: DistContext
     precision: PrecisionPolicy
     strategy: ZeroStrategy
     loss_scaler: LossScaler | None
     monitor: Monitor
     dataloader: Any = None
-    #: under zero.initialize(mpu=...): checkpoint files carry the tensor rank, metadata the partition dims
-    tensor_parallel: TensorParallelInfo = TensorParallelInfo()
     instruments: StepInstruments | None = None   # FLOPs, MFU and the non-finite diagnosis (instruments.py)
     #: MoE: this rank's expert groups and layers (checkpoints name experts by global id); empty without
     experts: ExpertSetup = field(default_factory=ExpertSetup)
@@ -83,16 +80,14 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         self.basic_optimizer = parts.optimizer
         self.lr_scheduler = parts.lr_scheduler
         self.zero_config = parts.config
-        self.dist_context = parts.dist_context
         self.precision = parts.precision
         self.strategy = parts.strategy
         self.parallel_layout = parts.strategy.context.parallel   # every axis's degree and group (parallel_layout.py)
         self.loss_scaler = parts.loss_scaler
         self.monitor = parts.monitor
         self.training_dataloader = parts.dataloader
-        self.tensor_parallel = parts.tensor_parallel
         self.experts = parts.experts
-        self.instruments = parts.instruments or StepInstruments(parts.config, parts.dist_context, parts.monitor, {})
+        self.instruments = parts.instruments or StepInstruments(parts.config, self.parallel_layout, parts.monitor, {})
         self.counters = StepCounters()     # global_steps, global_samples, skipped_steps (StepCounterAccessors)
         self._step_rules = StepRules(skips_non_finite=skips_non_finite(self.precision.param_dtype, self.zero_config),
                                      clip=self.zero_config.gradient_clipping, device=self.dist_context.device)
@@ -112,7 +107,7 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
         run = InstrumentedRun(self.module, self.loss_scaler, self.strategy.stage,
                               self.zero_config.train_micro_batch_size_per_gpu, self.progress)
         # timers, progress line, stall beat, FLOPs, inf/NaN trace, plain-backward marks (step_observer.py)
-        self.observer = StepObserver(run, self.instruments, hooks, self.counters, lambda: self.is_compiled,
+        self.observer = StepObserver(self.counters, run, self.instruments, hooks, lambda: self.is_compiled,
                                      self.memory_breakdown)
         fragment_access.register(self)   # deepspeed.utils.safe_get_full_fp32_param(param) finds the engine
 
@@ -120,6 +115,11 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
     def config(self) -> dict:
         """The config as a dict, DeepSpeed's ``engine.config`` (``"auto"`` values as given)."""
         return self.zero_config.raw
+
+    @property
+    def dist_context(self) -> DistContext:
+        """The data axis of the layout (the ranks ZeRO shards over), what RankAccessors and scripts read."""
+        return self.parallel_layout.data
 
     # ---- module pass-throughs -------------------------------------------------------------
     def __getattr__(self, name: str):
@@ -353,7 +353,7 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
 
     @property
     def tensor_parallel_size(self) -> int:
-        return self.tensor_parallel.size
+        return self.parallel_layout.size("tensor")
 
     def module_state_dict(self, destination=None, prefix: str = "", keep_vars: bool = False,
                           exclude_frozen_parameters: bool = False) -> dict:
@@ -438,7 +438,7 @@ class ZeroEngine(EngineAccessors, torch.nn.Module):
             return False
         if exclude_frozen_parameters:
             state = without_frozen(state, self.module)
-        tensor = self.tensor_parallel
+        tensor = self.parallel_layout.tensor_parallel
         if self.dist_context.rank == 0:   # data rank 0 of each tensor rank; written aside and renamed
             os.makedirs(save_dir, exist_ok=True)
             name = save_filename if tensor.rank == 0 else tensor_prefix(tensor.rank, tensor.size) + save_filename

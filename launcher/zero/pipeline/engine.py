@@ -6,20 +6,21 @@ step (engine/optimizer_step.py) runs over this stage's strategy (stage_strategy.
 averaged over the data axis, tied copies summed across their stages, clipped by the one global norm
 (every stage's squares summed, each tied weight counted once), the optimizer. A non-finite gradient
 on any stage skips the step on every rank (precision.policy.skips_non_finite, the one rule).
+What watches the batch (the stall beat, the schedule's timing) is called at its boundaries through
+the data-parallel engine's StepObserver (engine/step_observer.py).
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
 
-import launcher.zero.stall_beat as stall_beat   # --stall_timeout
 from launcher.zero.checkpoint import pipeline_save_load
 from launcher.zero.distributed.parallel_layout import ParallelLayout
 from launcher.zero.engine.accessors import ConfigAccessors, RankAccessors, StepCounterAccessors
 from launcher.zero.engine.optimizer_step import StepCounters, StepRules, take_model_step
+from launcher.zero.engine.step_observer import StepObserver
 from launcher.zero.errors import ConfigError, NotSupportedError
 from launcher.zero.parallel.grid import ParallelGrid
 from launcher.zero.pipeline.module import PipelineModule
@@ -62,11 +63,11 @@ class PipelineEngine(ConfigAccessors, RankAccessors, StepCounterAccessors):
         self.stage_id = self.grid.stage_id
         self.micro_batches = config.gradient_accumulation_steps
         self.counters = StepCounters()     # global_steps, global_samples, skipped_steps (StepCounterAccessors)
+        self.observer = StepObserver(self.counters)   # the stall beat and the schedule's timing (step_observer.py)
         self._step_rules = StepRules(skips_non_finite=skips_non_finite(self._param_dtype, config),
                                      clip=config.gradient_clipping, device=dist_context.device)
         self._global_grad_norm: float | None = None
         self._step_applied = False
-        self.schedule_timing: dict[str, float] = {}
         self.data_iterator: Iterator | None = None
         self._link = StageLink(dist_context.device)
         self.num_chunks = module.num_virtual_stages
@@ -92,6 +93,11 @@ class PipelineEngine(ConfigAccessors, RankAccessors, StepCounterAccessors):
     def config(self) -> dict:
         """The config as a dict, DeepSpeed's ``engine.config``; the typed one is ``zero_config``."""
         return self.zero_config.raw
+
+    @property
+    def schedule_timing(self) -> dict[str, float]:
+        """The last schedule's ``wall_s`` and ``recv_wait_s`` (time blocked in receives); empty before one."""
+        return self.observer.schedule_timing
 
     # ---- DeepSpeed's accessors (the config's own are ConfigAccessors') --------------------
     def is_first_stage(self) -> bool:
@@ -229,24 +235,22 @@ class PipelineEngine(ConfigAccessors, RankAccessors, StepCounterAccessors):
             self._link.send(grad, self._neighbour(chunk, -1), self._channels[BACKWARD])
 
     def _run_schedule(self, batches: list[Any], train: bool, compute_loss: bool = True) -> dict:
-        """Execute this stage's actions; ``schedule_timing`` keeps the wall time and the time spent waiting.
-        The state returned holds, on the last stage, each micro-batch's loss (``losses``) and the
-        last micro-batch's outputs (``logits``)."""
+        """Execute this stage's actions. The state returned holds, on the last stage, each micro-batch's
+        loss (``losses``) and the last micro-batch's outputs (``logits``)."""
         state = {"inputs": {}, "outputs": {}, "losses": [], "logits": None, "compute_loss": compute_loss}
-        started, self._link.recv_wait_s = time.perf_counter(), 0.0
-        actions = build_schedule(self.schedule_name, self.micro_batches, self.num_stages, self.stage_id,
-                                 self.num_chunks)
-        if not train:   # the forwards alone, in the schedule's order (the same on every rank)
-            actions = [action for action in actions if action[0] == FORWARD]
-        with torch.set_grad_enabled(train):
-            for action in actions:
-                kind, micro, chunk = action[0], action[1], (action[2] if len(action) > 2 else 0)
-                if kind == FORWARD:
-                    self._forward(micro, chunk, batches[micro], state)
-                elif kind == BACKWARD:
-                    self._backward(micro, chunk, state)
-        self._link.wait_sends()
-        self.schedule_timing = {"wall_s": time.perf_counter() - started, "recv_wait_s": self._link.recv_wait_s}
+        with self.observer.schedule(self._link):
+            actions = build_schedule(self.schedule_name, self.micro_batches, self.num_stages, self.stage_id,
+                                     self.num_chunks)
+            if not train:   # the forwards alone, in the schedule's order (the same on every rank)
+                actions = [action for action in actions if action[0] == FORWARD]
+            with torch.set_grad_enabled(train):
+                for action in actions:
+                    kind, micro, chunk = action[0], action[1], (action[2] if len(action) > 2 else 0)
+                    if kind == FORWARD:
+                        self._forward(micro, chunk, batches[micro], state)
+                    elif kind == BACKWARD:
+                        self._backward(micro, chunk, state)
+            self._link.wait_sends()
         return state
 
     def _mean_loss(self, losses: list[torch.Tensor]) -> torch.Tensor:
@@ -263,9 +267,9 @@ class PipelineEngine(ConfigAccessors, RankAccessors, StepCounterAccessors):
         """Run ``gradient_accumulation_steps`` micro-batches and one optimizer step; return the mean loss.
         Without a ``loss_fn`` the last stage's output is the loss (DeepSpeed's rule)."""
         self.module.train()
-        stall_beat.reached(self.global_steps)   # --stall_timeout counts batches and steps, not a stage's
-        losses = self._run_schedule(self._next_batches(data_iter), train=True)["losses"]   # actions (stages differ)
-        stall_beat.reached(self.global_steps)
+        self.observer.batch_begins()
+        losses = self._run_schedule(self._next_batches(data_iter), train=True)["losses"]
+        self.observer.step_reached()
         self._step()
         return self._mean_loss(losses)
 
@@ -282,7 +286,7 @@ class PipelineEngine(ConfigAccessors, RankAccessors, StepCounterAccessors):
             raise ConfigError(f"eval_batch: reduce_output {reduce_output!r} is not supported",
                               hint='reduce_output="avg" (the mean) or None (each micro-batch\'s value)')
         self.module.eval()
-        stall_beat.reached(self.global_steps)
+        self.observer.batch_begins()
         count = num_micro_batches or self.micro_batches
         saved, self.micro_batches = self.micro_batches, count
         try:
