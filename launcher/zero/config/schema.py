@@ -60,8 +60,8 @@ class OffloadConfig:
     nvme_path: str | None = spec(None, "str", "folder for NVMe offload (optimizer states: one folder per rank "
                                  "inside it)", nullable=True)
     pin_memory: bool = spec(True, "bool", "page-locked host buffers (True in 0.19.8)")
-    ratio: float = spec(1.0, "float", "fraction of the optimizer states offloaded (below 1 not built: issue 43 "
-                        "builds it)", min=0.0, max=1.0)
+    ratio: float = spec(1.0, "float", "fraction of the optimizer states offloaded; the first 1 - ratio of "
+                        "DeepSpeed's sub-groups keep theirs on the device (stage 3, device cpu)", min=0.0, max=1.0)
     super_offload: bool = spec(False, "bool", "DeepSpeed's SuperOffload (not built: must be false; issue 43 builds it)")
     cpuadam_cores_perc: float = spec(0.8, "float", "with super_offload only: the share of CPU cores its Adam uses",
                                      min=0.0, max=1.0)
