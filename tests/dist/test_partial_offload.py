@@ -2,7 +2,7 @@
 
 On a CPU host the "device" is the CPU too, so what a user would notice is the losses: every ratio
 trains like full offload (ratio 1.0), with gradient clipping on (one global norm over both parts),
-with and without overlap_step, and a checkpoint saved at one ratio resumes at another (the
+with and without overlap_step, in fp32 and bf16, and a checkpoint saved at one ratio resumes at another (the
 checkpoint holds every parameter's master and moments, wherever they lived). ``sub_group_size`` 200
 cuts the 7-64-64-3 MLP into 4 of DeepSpeed's sub-groups on 2 ranks (shares 224, 2048, 96 | 66), so
 ratio 0.5 keeps the first two weights' states on the device and splits the first optimizer group.
@@ -27,18 +27,22 @@ KEPT = {1.0: [0, 0], 0.5: [2, 0], 0.25: [3, 0], 0.0: [3, 3]}
 TOLERANCE = 1e-6
 
 
-def config(ratio, overlap=False):
+def config(ratio, overlap=False, bf16=False):
     cfg = s3.config(GAS, CLIP, 64, sub_group_size=SUB_GROUP)
     cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "ratio": ratio, "overlap_step": overlap}
+    if bf16:
+        cfg["bf16"] = {"enabled": True}
     return cfg
 
 
-def run(ratio, rank, world_size, overlap=False, first=0, last=STEPS, load=None, save=None):
+def run(ratio, rank, world_size, overlap=False, first=0, last=STEPS, load=None, save=None, bf16=False):
     """Steps [first, last) at ``ratio``: (losses, per group the parameters kept on the device)."""
     import torch
     from launcher import zero
     model = s3.make_model()
-    engine, opt, _, _ = zero.initialize(model=model, model_parameters=s3.groups(model), config=config(ratio, overlap))
+    engine, opt, _, _ = zero.initialize(model=model, model_parameters=s3.groups(model),
+                                        config=config(ratio, overlap, bf16))
+    dtype = torch.bfloat16 if bf16 else torch.float32
     if load is not None:
         engine.load_checkpoint(load, tag="mid")
     x, y = s3.data(world_size, GAS, STEPS)
@@ -46,7 +50,8 @@ def run(ratio, rank, world_size, overlap=False, first=0, last=STEPS, load=None, 
     for step in range(first, last):
         for micro in range(GAS):
             start = ((step * GAS + micro) * world_size + rank) * s3.MBS
-            loss = torch.nn.functional.mse_loss(engine(x[start:start + s3.MBS]), y[start:start + s3.MBS])
+            out = engine(x[start:start + s3.MBS].to(dtype)).float()
+            loss = torch.nn.functional.mse_loss(out, y[start:start + s3.MBS])
             engine.backward(loss)
             engine.step()
             losses.append(loss.item())
@@ -80,6 +85,9 @@ def main():
             losses, kept = run(ratio, rank, world_size, overlap=overlap)
             print("RESULT " + json.dumps({"kind": "train", "ratio": ratio, "overlap": overlap, "losses": losses,
                                           "kept": kept}), flush=True)
+    for overlap in (False, True):   # bf16 weights and gradients, fp32 masters: the kept part's cast
+        runs = {ratio: run(ratio, rank, world_size, overlap=overlap, bf16=True)[0] for ratio in (1.0, 0.5)}
+        print("RESULT " + json.dumps({"kind": "bf16", "overlap": overlap, "runs": runs}), flush=True)
     print("RESULT " + json.dumps({"kind": "checkpoint", "runs": checkpoints(rank, world_size)}), flush=True)
 
 
@@ -95,6 +103,11 @@ def test_every_ratio_trains_like_full_offload_and_checkpoints_cross_ratios():
             assert r["kept"] == KEPT[r["ratio"]], r
             gap = max(abs(a - b) for a, b in zip(r["losses"], full))
             assert gap <= TOLERANCE, (r["ratio"], r["overlap"], gap, r["losses"], full)
+        bf16 = [r for r in records if r["kind"] == "bf16"]
+        assert [r["overlap"] for r in bf16] == [False, True]
+        for r in bf16:
+            full_bf16, half = r["runs"]["1.0"], r["runs"]["0.5"]
+            assert len(half) == STEPS * GAS and max(abs(a - b) for a, b in zip(half, full_bf16)) <= TOLERANCE, r
         (resumed,) = [r for r in records if r["kind"] == "checkpoint"]
         for name, losses in resumed["runs"].items():
             gap = max(abs(a - b) for a, b in zip(losses, full))

@@ -85,3 +85,22 @@ def test_the_offload_norm_counts_the_gradients_kept_on_the_device(rank):
     whole = kept.grad[3:].square().sum() + host.grad[4:].square().sum()
     want = partitioned + (whole if rank == 0 else 0)
     assert float(_from_device(strategy)) == pytest.approx(float(want), rel=1e-6)
+
+
+@pytest.fixture
+def no_process_group_left():
+    yield
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def test_another_optimizer_than_the_cpu_adam_is_refused_by_name(no_process_group_left):
+    """DeepSpeed: "Hybrid Optimizer Only Supports DeepSpeedCPUAdam"; here a ConfigError with a hint."""
+    from launcher import zero
+    from launcher.zero.errors import ConfigError
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
+    config = {"train_micro_batch_size_per_gpu": 2, "zero_allow_untested_optimizer": True,
+              "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}}
+    with pytest.raises(ConfigError, match="ratio 0.5 needs the CPU Adam, not SGD") as caught:
+        zero.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), config=config)
+    assert "AdamW" in caught.value.hint
