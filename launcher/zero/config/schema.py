@@ -95,7 +95,9 @@ class ZeroOptimizationConfig:
     round_robin_gradients: bool = spec(False, "bool", "stage 1/2 offload gradient copy order")
     offload_optimizer: OffloadConfig | None = spec(None, "section", "optimizer state offload", section=OffloadConfig, nullable=True)
     offload_param: OffloadConfig | None = spec(None, "section", "parameter offload (stage 3)", section=OffloadConfig, nullable=True)
-    sub_group_size: int = spec(1_000_000_000, "int", "tile size of the optimizer step", min=1)
+    sub_group_size: int = spec(1_000_000_000, "int", "tile size of the optimizer step; with "
+                               "offload_optimizer.ratio below 1, the unit (elements per rank) of the cut "
+                               "between the states kept on the device and the offloaded ones", min=1)
     stage3_max_live_parameters: int = spec(1_000_000_000, "int", "resident params before release", min=0, aliases=("max_live_parameters",))
     stage3_max_reuse_distance: int = spec(1_000_000_000, "int", "keep params reused within this distance", min=0, aliases=("max_reuse_distance",))
     stage3_prefetch_bucket_size: int = spec(50_000_000, "int", "prefetch size in elements", min=0, aliases=("prefetch_bucket_size",))
