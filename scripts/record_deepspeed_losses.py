@@ -222,6 +222,23 @@ def record_bf16_states(python: str, log: Path) -> dict:
     return {"runs": runs}
 
 
+# partial optimizer offload at stage 3 (partial_offload_worker.py): offload_optimizer.ratio; on a CPU host
+# DeepSpeed's accelerator is the CPU, so every sub-group it keeps "on the device" steps on the CPU as well
+PARTIAL_OFFLOAD_WORKER = "tests/dist/workers/partial_offload_worker.py"
+PARTIAL_OFFLOAD_RATIOS = ("1.0", "0.5", "0.25")
+
+
+def record_partial_offload(python: str, log: Path) -> dict:
+    """``RATIO`` -> rank 0's report."""
+    runs = {}
+    for ratio in PARTIAL_OFFLOAD_RATIOS:
+        with tempfile.TemporaryDirectory(prefix="ds-partial-offload-") as scratch:
+            torchrun(python, [PARTIAL_OFFLOAD_WORKER, ratio, "--out", scratch], log, f"partial_offload ratio {ratio}",
+                     timeout=900)
+            runs[ratio] = json.loads((Path(scratch) / "rank0.json").read_text())
+    return {"runs": runs}
+
+
 # the optimizer deepspeed.initialize returns, stepped the ways frameworks step it (returned_optimizer_worker.py)
 RETURNED_WORKER = "tests/dist/workers/returned_optimizer_worker.py"
 RETURNED_LOOPS = ("engine", "optimizer", "both", "lightning")
@@ -257,8 +274,8 @@ def returned_optimizer_run(python: str, stage: int, loop: str, log: Path, attemp
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", default="/work/dsref/bin/python", help="a Python with a real DeepSpeed")
-    parser.add_argument("--only", nargs="*", help="case names, loader_order, bf16_steps, bf16_states, muon_steps and "
-                                                   "returned_optimizer among them (default: all)")
+    parser.add_argument("--only", nargs="*", help="case names, loader_order, bf16_steps, bf16_states, muon_steps, "
+                                                   "partial_offload and returned_optimizer among them (default: all)")
     parser.add_argument("--log", default="/tmp/record_deepspeed_losses.log")
     options = parser.parse_args()
 
@@ -287,6 +304,11 @@ def main() -> int:
                   "worker": BF16_STATES_WORKER, **record_bf16_states(options.python, Path(options.log))}
         (out_dir / "bf16_states.json").write_text(json.dumps(record, indent=1) + "\n")
         print("bf16_states: recorded", sorted(record["runs"]), flush=True)
+    if not options.only or "partial_offload" in options.only:
+        record = {"case": "partial_offload", "versions": found, "launch": launch, "world_size": WORLD_SIZE,
+                  "worker": PARTIAL_OFFLOAD_WORKER, **record_partial_offload(options.python, Path(options.log))}
+        (out_dir / "partial_offload.json").write_text(json.dumps(record, indent=1) + "\n")
+        print("partial_offload: recorded", sorted(record["runs"]), flush=True)
     if not options.only or "returned_optimizer" in options.only:
         record = {"case": "returned_optimizer", "versions": found, "launch": launch, "world_size": WORLD_SIZE,
                   "worker": RETURNED_WORKER, **record_returned_optimizer(options.python, Path(options.log))}

@@ -282,6 +282,23 @@ def get_zero_config(param_dict: Mapping) -> ZeroOptimizationConfig:
 
 
 # ---- rules that involve more than one key ---------------------------------------------------
+def _check_partial_offload(zero) -> None:
+    """``offload_optimizer.ratio`` below 1 is built at stage 3 with device "cpu" (DeepSpeed 0.19.8
+    builds it at stage 3 only); elsewhere it is refused by name."""
+    ratio, stage = zero.offload_optimizer.ratio, zero.stage
+    if ratio >= 1.0:
+        return
+    if stage != 3:
+        raise NotBuiltConfigError(f"zero_optimization.offload_optimizer.ratio {ratio} at stage {stage}: partial "
+                                  "optimizer offload is built at stage 3 only (as in DeepSpeed 0.19.8)",
+                                  hint="set zero_optimization.stage to 3, or remove ratio (every optimizer state "
+                                       "is offloaded)")
+    if zero.offload_optimizer.device == "nvme":
+        raise NotBuiltConfigError(f"zero_optimization.offload_optimizer.ratio {ratio} with device 'nvme': "
+                                  "partial offload to NVMe is not built", hint='use device "cpu" with ratio, or '
+                                  "remove ratio")
+
+
 def _check_semantics(config: ZeroConfig) -> None:
     if config.fp16.enabled and config.bf16.enabled:
         raise ConfigError("fp16.enabled and bf16.enabled are both true", hint="enable only one of them")
@@ -296,8 +313,7 @@ def _check_semantics(config: ZeroConfig) -> None:
                               hint="set zero_optimization.stage to 1 or more")
         if zero.offload_optimizer.device == "nvme" and stage != 3:
             raise ConfigError("zero_optimization.offload_optimizer.device 'nvme' needs stage 3", hint="use device 'cpu'")
-        if zero.offload_optimizer.ratio < 1.0 and stage != 3:
-            raise ConfigError("zero_optimization.offload_optimizer.ratio below 1 needs stage 3", hint="remove ratio")
+        _check_partial_offload(zero)
         if zero.offload_optimizer.overlap_step and zero.offload_optimizer.device != "cpu":
             raise ConfigError("zero_optimization.offload_optimizer.overlap_step needs device 'cpu'",
                               hint="set offload_optimizer.device to 'cpu' or remove overlap_step")

@@ -48,10 +48,6 @@ NOT_BUILT = (
     NotBuiltKey("zero_optimization.offload_optimizer.super_offload", "DeepSpeed's SuperOffload (the offloaded "
                 "step tuned for Grace superchips)", "remove super_offload; " + _OFFLOAD, False, True,
                 _OFFLOAD_ISSUE),
-    NotBuiltKey("zero_optimization.offload_optimizer.ratio", "partial optimizer offload (DeepSpeed keeps "
-                "1 - ratio of the optimizer states and their step on the device)",
-                "remove ratio (or set 1.0): every optimizer state is offloaded", 1.0, 0.3, _OFFLOAD_ISSUE,
-                only_if="zero_optimization.offload_optimizer_active"),
     NotBuiltKey("sequence_parallel_size", "DeepSpeed-Ulysses sequence parallelism",
                 "remove sequence_parallel_size (or set 1); Megatron-style sequence parallelism with tensor "
                 "parallelism is launcher.zero.parallel.sequence", 1, 2),

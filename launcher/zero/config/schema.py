@@ -60,8 +60,8 @@ class OffloadConfig:
     nvme_path: str | None = spec(None, "str", "folder for NVMe offload (optimizer states: one folder per rank "
                                  "inside it)", nullable=True)
     pin_memory: bool = spec(True, "bool", "page-locked host buffers (True in 0.19.8)")
-    ratio: float = spec(1.0, "float", "fraction of the optimizer states offloaded (below 1 not built: issue 43 "
-                        "builds it)", min=0.0, max=1.0)
+    ratio: float = spec(1.0, "float", "fraction of the optimizer states offloaded; the first 1 - ratio of "
+                        "DeepSpeed's sub-groups keep theirs on the device (stage 3, device cpu)", min=0.0, max=1.0)
     super_offload: bool = spec(False, "bool", "DeepSpeed's SuperOffload (not built: must be false; issue 43 builds it)")
     cpuadam_cores_perc: float = spec(0.8, "float", "with super_offload only: the share of CPU cores its Adam uses",
                                      min=0.0, max=1.0)
@@ -95,7 +95,9 @@ class ZeroOptimizationConfig:
     round_robin_gradients: bool = spec(False, "bool", "stage 1/2 offload gradient copy order")
     offload_optimizer: OffloadConfig | None = spec(None, "section", "optimizer state offload", section=OffloadConfig, nullable=True)
     offload_param: OffloadConfig | None = spec(None, "section", "parameter offload (stage 3)", section=OffloadConfig, nullable=True)
-    sub_group_size: int = spec(1_000_000_000, "int", "tile size of the optimizer step", min=1)
+    sub_group_size: int = spec(1_000_000_000, "int", "tile size of the optimizer step; with "
+                               "offload_optimizer.ratio below 1, the unit (elements per rank) of the cut "
+                               "between the states kept on the device and the offloaded ones", min=1)
     stage3_max_live_parameters: int = spec(1_000_000_000, "int", "resident params before release", min=0, aliases=("max_live_parameters",))
     stage3_max_reuse_distance: int = spec(1_000_000_000, "int", "keep params reused within this distance", min=0, aliases=("max_reuse_distance",))
     stage3_prefetch_bucket_size: int = spec(50_000_000, "int", "prefetch size in elements", min=0, aliases=("prefetch_bucket_size",))

@@ -59,6 +59,9 @@ def _step_reference(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, ep
 class CPUAdam(torch.optim.Optimizer):
     """Adam/AdamW for fp32 CPU parameters, multi-threaded over chunks of each parameter.
 
+    A parameter on an accelerator (``offload_optimizer.ratio``: the states kept on the device)
+    is updated there, by the same fused kernel, its moments and step beside it.
+
     adamw_mode=True (DeepSpeed's default) decouples weight decay as torch.optim.AdamW;
     False adds it to the gradient as torch.optim.Adam. `step(params_16bit=...)` also writes
     each updated parameter into a same-shaped 16-bit (or any dtype) tensor.
@@ -115,12 +118,14 @@ class CPUAdam(torch.optim.Optimizer):
         state = self.state[p]
         if not state:
             # checked here, not in __init__: an engine hands over the host masters after construction
-            if p.device.type != "cpu" or p.dtype not in (torch.float32, torch.bfloat16):
-                raise ValueError(f"CPUAdam updates fp32 or bf16 CPU tensors, got {p.dtype} on {p.device}")
+            if p.dtype not in (torch.float32, torch.bfloat16):
+                raise ValueError(f"CPUAdam updates fp32 or bf16 tensors, got {p.dtype} on {p.device}")
             # a tensor step keeps the state dict loadable by torch.optim.AdamW and back
             state["step"] = torch.zeros((), dtype=torch.float32)
             for key in MOMENTS if self.state_feed is None else ():
                 state[key] = torch.zeros_like(p, dtype=self.moment_dtype(p), memory_format=torch.preserve_format)
+        if state["step"].device != p.device:   # an accelerator's fused kernel takes its step there
+            state["step"] = state["step"].to(p.device)
         return state
 
     def moment_dtype(self, p: torch.Tensor) -> torch.dtype:
@@ -154,7 +159,7 @@ class CPUAdam(torch.optim.Optimizer):
         (``lr`` and the rest), ``grad_factor`` and ``on_chunk`` are captured, so that a scheduler,
         an engine or ``zero_grad`` may change them while the returned call runs.
         """
-        jobs, spans = [], []
+        jobs, spans, own, own_spans = [], [], [], []   # own: updated from p.grad where a feed serves others
         factor, self.grad_factor = self.grad_factor, 1.0
         feed = self.grad_feed
         for group in self.param_groups:
@@ -162,21 +167,23 @@ class CPUAdam(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                if p.grad.is_sparse and feed is None:
+                fed = feed is not None and feed.feeds(p)
+                if p.grad.is_sparse and not fed:
                     raise RuntimeError("CPUAdam does not support sparse gradients")
                 state = self._state_for(p)
                 state["step"] += 1
                 target = None if params_16bit is None else params_16bit.get(p)
                 make_jobs = self._chunk_jobs if self.state_feed is None else self._state_fed_jobs
-                jobs.extend(make_jobs(p, state, settings, target, factor, fed=feed is not None))
-                spans.extend((p, a, b) for a, b in _chunks(p.numel(), self.chunk_elements))
+                into, into_spans = (jobs, spans) if fed or feed is None else (own, own_spans)
+                into.extend(make_jobs(p, state, settings, target, factor, fed=fed))
+                into_spans.extend((p, a, b) for a, b in _chunks(p.numel(), self.chunk_elements))
         if self.chunk_priority is not None:
             jobs, spans = _by_priority(jobs, spans, self.chunk_priority)
         notify = self.on_chunk
         if self.state_feed is not None:
             states = self.state_feed
             return lambda: self._run_state_fed(jobs, spans, notify, feed, states)
-        return lambda: self._run(jobs, spans, notify, feed)
+        return lambda: (self._run(own, own_spans, notify), self._run(jobs, spans, notify, feed))
 
     def _chunk_jobs(self, p, state, group, target, factor, fed: bool = False):
         """One job per chunk; ``fed``: the gradient comes from the feed when the job runs (None here)."""
@@ -261,7 +268,8 @@ class CPUAdam(torch.optim.Optimizer):
         if self.use_fused and group["bias_correction"]:
             fused = torch._fused_adamw_ if group["adamw_mode"] else torch._fused_adam_
             # the kernel divides each gradient by grad_scale as it reads it
-            scale = {} if factor == 1.0 else {"grad_scale": torch.tensor(1.0 / factor), "found_inf": torch.zeros(())}
+            scale = {} if factor == 1.0 else {"grad_scale": torch.tensor(1.0 / factor, device=param.device),
+                                              "found_inf": torch.zeros((), device=param.device)}
             fused([param], [grad], [exp_avg], [exp_avg_sq], [], [step_tensor], lr=float(lr), beta1=beta1,
                   beta2=beta2, weight_decay=wd, eps=eps, amsgrad=False, maximize=False, **scale)
         else:

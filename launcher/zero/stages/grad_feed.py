@@ -37,6 +37,10 @@ class GradFeed:
         """Each master's gradient is the device tensor at the same position."""
         self.sources = {id(master): grad for master, grad in zip(masters, grads)}
 
+    def feeds(self, master: torch.Tensor) -> bool:
+        """Whether ``master``'s gradient comes from here (a master on the device keeps its ``.grad``)."""
+        return id(master) in self.sources
+
     def arm(self) -> None:
         """On the training thread once backward is queued: the copies wait for its kernels."""
         if self.cuda:

@@ -28,7 +28,6 @@ REFUSED = {
                 "offload_optimizer"),
     "super_offload": (offload(super_offload=True), "zero_optimization.offload_optimizer.super_offload",
                       "offload_optimizer"),
-    "ratio": (offload(ratio=0.3), "zero_optimization.offload_optimizer.ratio", "ratio"),
     "sequence_parallel_size": ({"sequence_parallel_size": 2}, "sequence_parallel_size", "sequence_parallel_size"),
     "zero_quantized_weights": (with_zero(3, zero_quantized_weights=True), "zero_optimization.zero_quantized_weights",
                                "remove"),
@@ -51,11 +50,25 @@ def test_a_deepspeed_key_not_built_is_refused_by_name_with_what_to_use(name):
     assert caught.value.kind == "config error" and caught.value.exit_code == 2
 
 
-@pytest.mark.parametrize("name", ["zenflow", "super_offload", "ratio"])
+@pytest.mark.parametrize("name", ["zenflow", "super_offload"])
 def test_what_the_offload_issue_builds_says_so(name):
     extra, _, _ = REFUSED[name]
     with pytest.raises(ConfigError, match="issue 43"):
         load_config({**BASE, **extra})
+
+
+@pytest.mark.parametrize("zero, words", [
+    (with_zero(2, offload_optimizer={"device": "cpu", "ratio": 0.3}), ["ratio 0.3 at stage 2", "stage 3 only"]),
+    (with_zero(1, offload_optimizer={"device": "cpu", "ratio": 0.0}), ["ratio 0.0 at stage 1", "stage 3 only"]),
+    (with_zero(3, offload_optimizer={"device": "nvme", "nvme_path": "/tmp", "ratio": 0.5}), ["with device 'nvme'"]),
+])
+def test_partial_offload_where_it_is_not_built_is_refused_by_name(zero, words):
+    with pytest.raises(ConfigError) as caught:
+        load_config({**BASE, **zero})
+    assert "zero_optimization.offload_optimizer.ratio " in caught.value.message
+    assert all(word in caught.value.message for word in words), caught.value.message
+    assert "not built" in caught.value.message or "only" in caught.value.message
+    assert caught.value.hint and "ratio" in caught.value.hint and caught.value.exit_code == 2
 
 
 # values that are DeepSpeed's defaults (or do nothing in DeepSpeed either) load, with no note
@@ -66,6 +79,7 @@ ACCEPTED = {
     "zenflow null": with_zero(2, zenflow=None),
     "super_offload false": offload(super_offload=False, cpuadam_cores_perc=0.5),
     "ratio 1": offload(ratio=1.0),
+    "ratio 0.3 at stage 3": offload(ratio=0.3),   # built (issue 43): 0.7 of the sub-groups stay on the device
     "torch_autocast off": {"torch_autocast": {"enabled": False, "dtype": "bfloat16"}},
     "bf16 states off": {"bf16": {"enabled": True, "bf16_master_weights_and_grads": False,
                                  "bf16_optimizer_states": False}},

@@ -49,6 +49,34 @@ def test_fed_chunks_update_like_whole_gradients(source_dtype, reorder):
     assert not torch.equal(whole[0], start[0])
 
 
+def test_a_master_the_feed_does_not_serve_steps_from_its_own_grad():
+    """offload_optimizer.ratio: a master kept on the device holds its real gradient in ``.grad``
+    while the feed serves the offloaded ones; one CPU Adam steps both, with the same factor."""
+    torch.manual_seed(0)
+    start = [torch.randn(50), torch.randn(23)]
+    grads = [[torch.randn(t.numel()) for t in start] for _ in range(3)]
+    whole, mixed = [t.clone() for t in start], [t.clone() for t in start]
+    reference, optimizer = _adam(whole), _adam(mixed)
+    feed = GradFeed(torch.device("cpu"), optimizer.chunk_elements, pin=False, depth=2)
+    optimizer.grad_feed = feed
+    source = torch.zeros(start[1].numel())
+    feed.use([mixed[1]], [source])
+    assert feed.feeds(mixed[1]) and not feed.feeds(mixed[0])
+    for step_grads in grads:
+        for master, grad in zip(whole, step_grads):
+            master.grad = grad.clone()
+        mixed[0].grad = step_grads[0].clone()                     # kept: its own gradient
+        source.copy_(step_grads[1])
+        mixed[1].grad = torch.zeros(1).expand(mixed[1].numel())   # fed: a mark
+        reference.grad_factor = optimizer.grad_factor = 0.5
+        feed.arm()
+        reference.step()
+        optimizer.step()
+    for a, b in zip(whole, mixed):
+        assert torch.equal(a, b)
+    assert not torch.equal(whole[0], start[0])
+
+
 def test_feed_slots_are_reused_only_after_their_chunk():
     feed = GradFeed(torch.device("cpu"), chunk_numel=4, pin=False, depth=2)
     master = torch.zeros(16)

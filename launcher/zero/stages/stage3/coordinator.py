@@ -367,6 +367,12 @@ class ParamCoordinator:
             self.position = len(self.trace) - 1
         else:
             self._advance_to(module)
+            if self.ready is not None:
+                # readiness differs between ranks (each finishes its background step at its own
+                # time): gathering the module's own parameters first keeps every rank's gathers in
+                # trace order (prefetching the next module before this one's own not-yet-ready
+                # parameter put them in another order on each rank: a collective mismatch)
+                self.fetch(self._own_params(module))
             self._prefetch_after(self.position)
         self._running.append(self.position)
         self.fetch(self._own_params(module))

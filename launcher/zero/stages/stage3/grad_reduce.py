@@ -148,10 +148,16 @@ class Stage3GradReduce:
             dist.all_reduce(flat, group=ctx.parallel.group("data"))
             if self.post_scale != 1.0:
                 flat.mul_(self.post_scale)
-        grads = self.grads[0]
-        flat = flat.to(device=grads.device, dtype=grads.dtype)   # one copy (synchronous to the host)
-        targets = [self.grads[position][slot.offset:slot.offset + slot.numel] for _, position, slot in pairs]
-        torch._foreach_add_(targets, list(flat.split([slot.numel for _, _, slot in pairs])))
+        pieces = flat.split([slot.numel for _, _, slot in pairs])
+        places: dict[tuple, list[int]] = {}   # the pairs by their gradient buffer's device and dtype
+        for index, (_, position, _) in enumerate(pairs):
+            places.setdefault((self.grads[position].device, self.grads[position].dtype), []).append(index)
+        for (device, dtype), indices in places.items():   # two places only with offload_optimizer.ratio
+            part = flat if len(places) == 1 else torch.cat([pieces[i] for i in indices])
+            part = part.to(device=device, dtype=dtype)   # one copy a place (synchronous to the host)
+            slots = [(pairs[i][1], pairs[i][2]) for i in indices]
+            targets = [self.grads[position][slot.offset:slot.offset + slot.numel] for position, slot in slots]
+            torch._foreach_add_(targets, list(part.split([slot.numel for _, slot in slots])))
         for p, _, _ in pairs:
             p.grad = None
 

@@ -92,6 +92,8 @@ class Stage3StepOverlap:
             if stream is None:
                 self.strategy.copy_slots(position, first, last)
             else:
+                if self.strategy.masters[position].device.type == "cuda":   # updated on the device (ratio):
+                    stream.wait_stream(torch.cuda.current_stream())          # the copies follow that update
                 with torch.cuda.stream(stream):
                     self.strategy.copy_slots(position, first, last)
         self.overlap.publish(position, mark, stream)

@@ -41,9 +41,16 @@ def _from_device(strategy) -> torch.Tensor:
     """The partitioned squares summed on the device during backward, plus (rank 0) the persistent ones."""
     ctx = strategy.context
     total = torch.as_tensor(strategy._device_squares, dtype=torch.float64, device=ctx.dist_context.device).reshape(())
+    positions = list(zip(strategy.masters, strategy.group_slots, strategy.on_device))
+    for master, slots, _ in (p for p in positions if p[2] and p[0].grad is not None):
+        # offload_optimizer.ratio: these shards were added up in a device buffer, never copied out
+        total = total + tensor_square_sum(master.grad.detach())
+        if ctx.dist_context.rank != 0:
+            total = total - pieces_square_sum([master.grad[s.offset:s.offset + s.length] for s in slots
+                                               if s.persistent], total.device)
     if ctx.dist_context.rank == 0:
         pieces = [master.grad[slot.offset:slot.offset + slot.length]
-                  for master, slots in zip(strategy.masters, strategy.group_slots) if master.grad is not None
+                  for master, slots, on_device in positions if master.grad is not None and not on_device
                   for slot in slots if slot.persistent]
         total = total + pieces_square_sum(pieces, total.device).to(ctx.dist_context.device)
     if ctx.dist_context.world_size > 1:

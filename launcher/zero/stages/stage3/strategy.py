@@ -27,6 +27,8 @@ from launcher.zero.stages.stage3 import params as P
 from launcher.zero.stages.stage3.coordinator import ParamCoordinator, Stage3Options
 from launcher.zero.stages.stage3.grad_reduce import Stage3GradReduce
 from launcher.zero.stages.stage3.layout import Stage3Slot, choose_persistent, plan_group
+from launcher.zero.stages.stage3.partial_offload import device_params, share
+from launcher.zero.optim.cpu_adam import CPUAdam
 from launcher.zero.stages.stage3.square_sum import square_sum
 from launcher.zero.stages.stage3.nvme import Stage3Nvme
 from launcher.zero.stages.stage3.state import Stage3State
@@ -86,20 +88,12 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
         self.group_params: list[list[torch.nn.Parameter]] = []
         self.masters: list[torch.Tensor] = []
         self.grads: list[torch.Tensor] = []
-        for index, params in trainable:
-            whole = [not P.is_partitioned(p) for p in params]
-            slots, total = plan_group([names[id(p)] for p in params], [tuple(P.full_shape(p)) for p in params],
-                                      whole, ctx.dist_context.world_size, ctx.dist_context.rank)
-            master = self._build_master(params, slots, total, pin and self.nvme is None)
-            if self.nvme is not None:   # to the files; the optimizer steps a placeholder of its shape
-                master = self._master_to_files(master, optimizer, zero.offload_optimizer.nvme_path)
-            self.group_slots.append(slots)
-            self.group_params.append(params)
-            self.masters.append(master)
-            grad_device = self.master_device if host_grads else ctx.dist_context.device
-            self.grads.append(host_buffer(total, grad_dtype, pin) if grad_device.type == "cpu" and pin
-                              else torch.zeros(total, dtype=grad_dtype, device=grad_device))
-            optimizer.param_groups[index]["params"] = [master]
+        self.on_device: list[bool] = []   # per position: its optimizer state stays on the device (ratio)
+        for (index, group), kept in zip(trainable, self._kept_on_device(zero, optimizer, trainable)):
+            parts = [part for part in ((group[:kept], True), (group[kept:], False)) if part[0]] or [(group, False)]
+            for params, on_device in parts:
+                self._add_position(params, names, on_device, pin, (host_grads, grad_dtype))
+            optimizer.param_groups[index]["params"] = self.masters[len(self.masters) - len(parts):]
         cuda = ctx.dist_context.device.type == "cuda" and torch.cuda.is_available()
         self._copy_stream = torch.cuda.Stream(device=ctx.dist_context.device) if cuda and host_grads else None
         self.feed = self._start_feed(optimizer, pin) if self.device_grads else None
@@ -113,6 +107,42 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
             self._start_overlap(module, optimizer, pin)
         self._start_reductions()
 
+
+    def _add_position(self, params, names, on_device: bool, pin: bool, grads: tuple[bool, torch.dtype]) -> None:
+        """One flat master (a position) over ``params``, a part of one optimizer group: on the host
+        with offload unless ``on_device`` (offload_optimizer.ratio keeps it on the device)."""
+        ctx, (host_grads, grad_dtype) = self.context, grads
+        device = ctx.dist_context.device if on_device else self.master_device
+        whole = [not P.is_partitioned(p) for p in params]
+        slots, total = plan_group([names[id(p)] for p in params], [tuple(P.full_shape(p)) for p in params],
+                                  whole, ctx.dist_context.world_size, ctx.dist_context.rank)
+        master = self._build_master(params, slots, total, pin and self.nvme is None, device)
+        if self.nvme is not None:   # to the files; the optimizer steps a placeholder of its shape
+            zero = ctx.config.zero_optimization
+            master = self._master_to_files(master, self.optimizer, zero.offload_optimizer.nvme_path)
+        self.group_slots.append(slots)
+        self.group_params.append(params)
+        self.masters.append(master)
+        self.on_device.append(on_device and self.offload_optimizer)
+        grad_device = device if host_grads else ctx.dist_context.device
+        self.grads.append(host_buffer(total, grad_dtype, pin) if grad_device.type == "cpu" and pin
+                          else torch.zeros(total, dtype=grad_dtype, device=grad_device))
+
+    def _kept_on_device(self, zero, optimizer, trainable) -> list[int]:
+        """Per optimizer group, how many leading parameters keep their optimizer states on the
+        device (``offload_optimizer.ratio``, DeepSpeed's sub-group rule: partial_offload.py); 0
+        each without offload or at ratio 1."""
+        ratio = float(zero.offload_optimizer.ratio) if self.offload_optimizer else 1.0
+        if ratio >= 1.0:
+            return [0] * len(trainable)
+        if not isinstance(optimizer, CPUAdam):   # as DeepSpeed's "Hybrid Optimizer Only Supports DeepSpeedCPUAdam"
+            raise ConfigError(f"zero_optimization.offload_optimizer.ratio {ratio} needs the CPU Adam, not "
+                              f"{type(optimizer).__name__}",
+                              hint='use "optimizer": {"type": "AdamW"} (or Adam), which offload builds as the '
+                                   "CPU Adam, or remove ratio")
+        world = self.context.dist_context.world_size
+        shares = [[share(P.full_numel(p), world) for p in params] for _, params in trainable]
+        return device_params(shares, int(zero.sub_group_size), ratio)
 
     def _place_gradients(self, zero, optimizer) -> tuple[bool, torch.dtype]:
         """(whether the gradients live in host memory, their dtype); sets ``device_grads`` and ``grads_on_host``.
@@ -139,7 +169,8 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
         """device_grads: the optimizer takes each chunk's gradient from a GradFeed over self.grads."""
         feed = GradFeed(self.context.dist_context.device, optimizer.chunk_elements, pin,
                         dtype=self.context.precision.master_dtype)
-        feed.use(self.masters, self.grads)
+        host = [position for position, on_device in enumerate(self.on_device) if not on_device]
+        feed.use([self.masters[i] for i in host], [self.grads[i] for i in host])
         optimizer.grad_feed = feed
         # what a master's .grad holds meanwhile: the right shape, no memory (the feed has the values)
         self._grad_marks = [torch.zeros(1, dtype=m.dtype).expand(m.numel()) for m in self.masters]
@@ -209,13 +240,14 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
         p.ds_tensor = state.shard
         p.data = P.empty_like_param(state.shard, state.device)
 
-    def _build_master(self, params, slots, total: int, pin: bool) -> torch.Tensor:
-        """The group's flat master; in fp32 without offload the shards become views of it (no copy)."""
+    def _build_master(self, params, slots, total: int, pin: bool, device: torch.device) -> torch.Tensor:
+        """The position's flat master on ``device``; where the shards have its dtype and device they
+        become views of it (no copy)."""
         master_dtype = self.context.precision.master_dtype
-        if self.master_device.type == "cpu" and pin:
+        if device.type == "cpu" and pin:
             master = host_buffer(total, master_dtype, pin)
         else:
-            master = torch.zeros(total, dtype=master_dtype, device=self.master_device)
+            master = torch.zeros(total, dtype=master_dtype, device=device)
         position, nvme = len(self.masters), self.nvme
         with torch.no_grad():
             for p, slot in zip(params, slots):
@@ -274,10 +306,10 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
 
     # ---- the step -------------------------------------------------------------------------
     def prepare_master_grads(self) -> None:
-        if self.device_grads:   # the CPU Adam takes each chunk of self.grads from the feed
+        if self.device_grads:   # the CPU Adam takes each host chunk of self.grads from the feed
             self.feed.arm()
-            for master, mark in zip(self.masters, self._grad_marks):
-                master.grad = mark
+            for master, mark, grad, on_device in zip(self.masters, self._grad_marks, self.grads, self.on_device):
+                master.grad = grad.to(master.dtype) if on_device else mark
             return
         if self._copies_overwrite:
             if self._copy_stream is not None:
@@ -349,8 +381,8 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
     def zero_grad(self) -> None:
         self._touched.clear()
         self._device_squares, self._norm_on_device = 0.0, True
-        for master, grad, slots in zip(self.masters, self.grads, self.group_slots):
-            if self._copies_overwrite:   # a shard's first copy overwrites: zero only what adds up
+        for master, grad, slots, on_device in zip(self.masters, self.grads, self.group_slots, self.on_device):
+            if self._copies_overwrite and not on_device:   # a shard's first copy overwrites: zero only what adds up
                 pieces = [grad[slot.offset:slot.offset + slot.length] for slot in slots if slot.persistent]
                 if pieces:
                     torch._foreach_zero_(pieces)
@@ -393,8 +425,9 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
         parts = {"parameters": shards + whole, "gradients": sum(nbytes(g) for g in self.grads),
                  "master_weights": masters, "optimizer_states": self.optimizer_state_bytes()}
         if self.offload_optimizer:   # the gradients' host buffers: two with overlap_step, or the feed's slots
-            host = self.grads + self.spare_grads if self.grads_on_host else []
-            parts["gradients"] -= sum(nbytes(g) for g in self.grads) if self.grads_on_host else 0
+            host = [g for g in self.grads + self.spare_grads if g.device.type == "cpu"] if self.grads_on_host else []
+            parts["gradients"] -= sum(nbytes(g) for g in self.grads if g.device.type == "cpu") \
+                if self.grads_on_host else 0
             parts["host_gradients"] = sum(nbytes(g) for g in host + (self.feed.slots if self.feed else []))
         if self.nvme is not None:   # the states' host slots; the states themselves are on disk
             parts["nvme_buffers"] = self.nvme_feed.host_bytes()
