@@ -14,7 +14,7 @@ import launcher.zero.stall_beat as stall_beat   # --stall_timeout
 from launcher.zero.assembly.builders import client_optimizer, client_scheduler
 from launcher.zero.assembly.initialize_pipeline import initialize_pipeline
 from launcher.zero.config.checks import check_optimizer_section, check_scheduler_section
-from launcher.zero.config.load import load_config, no_effect_notes
+from launcher.zero.config.load import load_config, named_by, no_effect_notes
 from launcher.zero.distributed.context import DistContext, context_from_group, init_distributed
 from launcher.zero.distributed.parallel_layout import layout_from_mpu, tensor_partition_dims
 from launcher.zero.data.loader import build_dataloader
@@ -188,10 +188,11 @@ def _check_before_rendezvous(source, environ: dict[str, str], optimizer, lr_sche
     world_size = environ.get("WORLD_SIZE", "1")
     known_size = mpu is None and process_group is None and world_size.isdigit() and int(world_size) >= 1
     cfg = load_config(source, world_size=int(world_size) if known_size else None)
-    if optimizer is None and cfg.optimizer is not None:
-        check_optimizer_section(cfg)
-    if lr_scheduler is None and cfg.scheduler is not None:
-        check_scheduler_section(cfg)
+    with named_by(source):
+        if optimizer is None and cfg.optimizer is not None:
+            check_optimizer_section(cfg)
+        if lr_scheduler is None and cfg.scheduler is not None:
+            check_scheduler_section(cfg)
 
 
 def _config_source(config, config_params, args, launcher_config: str | None) -> Any:

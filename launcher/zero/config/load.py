@@ -7,6 +7,7 @@ keys rejected with the close match suggested.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import json
@@ -37,16 +38,22 @@ def load_config(source: Any, world_size: int | None = None, passed_to: str = "in
         config = source
     else:
         raw = _read_source(source)
-        try:
+        with named_by(source, passed_to):
             config = build_config(raw)
-        except ConfigError as error:
-            raise type(error)(f"{describe_source(source, passed_to)}: {error.message}", hint=error.hint) from None
     if world_size is not None:
-        try:
+        with named_by(source, passed_to):
             config = resolve_batch(config, world_size)
-        except ConfigError as error:
-            raise type(error)(f"{describe_source(source, passed_to)}: {error.message}", hint=error.hint) from None
     return config
+
+
+@contextlib.contextmanager
+def named_by(source: Any, passed_to: str = "initialize"):
+    """A ConfigError raised inside starts with where the config came from (``describe_source``): the
+    checks that run after loading (optimizer, scheduler) name the file or the call as the loader does."""
+    try:
+        yield
+    except ConfigError as error:
+        raise type(error)(f"{describe_source(source, passed_to)}: {error.message}", hint=error.hint) from None
 
 
 def describe_source(source: Any, passed_to: str = "initialize") -> str:

@@ -14,7 +14,7 @@ from hypothesis import example, given, strategies as st
 
 from launcher.errors import DslaunchError
 from launcher.zero.config.checks import check_without_model
-from launcher.zero.config.load import load_config
+from launcher.zero.config.load import load_config, named_by
 from launcher.zero.config.schema import ACCEPTED_UNSUPPORTED, NamedConfig, ZeroConfig
 from tests.helpers.fuzz import FUZZ, fewer, record
 
@@ -84,10 +84,12 @@ def check_error(error, source):
 @example({"optimizer": {1: 2, "type": "Adam"}}, None)        # sorted() of int and str keys raised TypeError
 @example({"optimizer": {1: 2}}, None)                        # difflib of an int key raised TypeError
 @example({"gradient_clipping": 10**400}, None)               # float(10**400) raised OverflowError
+@example({"scheduler": {"type": "Adam"}}, None)              # the section checks did not name the source
 def test_a_config_dict_loads_or_names_the_key(raw, world_size):
     try:
         config = load_config(raw, world_size=world_size)
-        check_without_model(config)
+        with named_by(raw):   # as initialize checks the sections (launcher/zero/assembly/initialize.py)
+            check_without_model(config)
     except DslaunchError as error:
         record("config_dict", error)
         check_error(error, SOURCE)
@@ -127,7 +129,8 @@ def test_a_config_file_loads_or_names_the_file(tmp_path_factory, text_and_kind):
     path.write_bytes(text)
     try:
         config = load_config(str(path))
-        check_without_model(config)
+        with named_by(str(path)):
+            check_without_model(config)
     except DslaunchError as error:
         record(f"config_{kind}", error)
         assert str(path) in error.message, error.message
