@@ -9,9 +9,11 @@
 #                                            PyTorch and DeepSpeed (same config, seed, batches), and a stock
 #                                            Trainer at ZeRO-3; the table on stdout and in OUTDIR/accept.md
 #                                            (also in accept.tar.gz); exits 1 if a cell is red  (~7.5 min)
-#   scripts/gpu_runs.sh after OUTDIR        issue 39/42's measurements left by the 2026-12-06 evening session (no machine
-#                                            came): the inf/NaN trace's step cost (zero2_nantrace vs zero2_nantrace_off), compile
-#                                            ratios (GPT 406M; HF Llama 1.24B) and Qwen2's stages 1-3 beside plain (~7 min)
+#   scripts/gpu_runs.sh after OUTDIR        issue 42's inf/NaN trace step cost (zero2_nantrace vs zero2_nantrace_off) and
+#                                            Qwen2's stages 1-3 beside plain (~3.5 min)
+#   scripts/gpu_runs.sh compile OUTDIR      issue 39's compile ratios: plain eager and compiled, ours compiled at stages 0, 2 and 3,
+#                                            on the 406M GPT and the HF Llama 1.24B, one process each (~8.5 min; on 2026-12-07
+#                                            `after` held these with limits too short for stages 0 and 3)
 #   scripts/gpu_runs.sh accept-tests OUTDIR  the same with a shorter budget, then the GPU tests if time is left
 #                                            (a '-', not a '+': the packed file is named after the part)
 # Issue 32 (estimates from the 2026-12-05 H100 figures; every command has its own time limit):
@@ -58,10 +60,10 @@
 # JSON is on its [bench] line in NAME.txt). At the end everything but the traces is packed into
 # OUTDIR/PART.tar.gz, since the device tool brings back at most 8 files.
 set -uo pipefail
-parts="accept|accept-tests|after|speed3|offload3|offload-ab|bf16-states|capacity-bf16|nvme|llama|capacity2|moe|speed|sweep|capacity|check"
+parts="accept|accept-tests|after|compile|speed3|offload3|offload-ab|bf16-states|capacity-bf16|nvme|llama|capacity2|moe|speed|sweep|capacity|check"
 part=${1:?usage: scripts/gpu_runs.sh $parts OUTDIR}
 out=${2:?usage: scripts/gpu_runs.sh $part OUTDIR}
-case $part in accept|accept-tests|after|speed3|offload3|offload-ab|bf16-states|capacity-bf16|nvme|llama|capacity2|moe|speed|sweep|capacity|check) ;;
+case $part in accept|accept-tests|after|compile|speed3|offload3|offload-ab|bf16-states|capacity-bf16|nvme|llama|capacity2|moe|speed|sweep|capacity|check) ;;
   *) echo "unknown part '$part': ${parts//|/, }"; exit 2 ;; esac
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0
@@ -148,11 +150,14 @@ case $part in
     ;;&
   after|check)
     run nantrace 90 "${bench[@]}" --steps 8 --timeout 45 --peak-size 0 --variants zero2_nantrace,zero2_nantrace_off
-    run gpt-compile 130 "${bench[@]}" --timeout 60 --variants plain,plain_compile,zero2_compile,zero3_compile
-    run llama-compile 160 python3 scripts/bench_engine.py --model llama --batch 8 --warmup 2 --steps 5 --timeout 60 \
-        --peak-size 0 --variants plain_compile,zero1_compile,zero2_compile,zero3_compile
     run qwen2 120 python3 scripts/bench_engine.py --model qwen2 --batch 8 --warmup 2 --steps 5 --timeout 35 \
         --peak-size 0 --variants plain,zero1,zero2,zero3
+    ;;&
+  compile|check)   # each compiled variant takes 45-60 s on an H100 (its compile included)
+    run gpt-compile 240 "${bench[@]}" --timeout 90 \
+        --variants plain,plain_compile,zero0_compile,zero2_compile,zero3_compile
+    run llama-compile 250 python3 scripts/bench_engine.py --model llama --batch 8 --warmup 2 --steps 5 --timeout 90 \
+        --peak-size 0 --variants plain_compile,zero0_compile,zero2_compile,zero3_compile
     ;;&
   speed3|check)
     gpu_tests 130
