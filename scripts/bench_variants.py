@@ -150,14 +150,19 @@ def fsdp2_compile(model: torch.nn.Module, settings: Settings) -> Step:
     return fsdp2(model, settings, compile_blocks=True)
 
 
+RATIO_SUB_GROUP = 25_000_000   # elements per rank: the 406M GPT in about 16 sub-groups, a 1/16 cut
+
+
 def engine_config(stage: int, offload: bool, settings: Settings, overlap: bool = False,
                   offload_param: bool = False, fp32: bool = False, bf16_states: bool = False,
-                  nvme: bool = False) -> dict:
+                  nvme: bool = False, ratio: float = 1.0) -> dict:
     """The DeepSpeed-style config both our engine and DeepSpeed get for a stage
     (``overlap``: ours only, the offloaded step in the background, ``overlap_step``;
     ``offload_param``: stage 3's parameters in host memory too; ``fp32``: bf16 off;
     ``bf16_states``: bf16 master weights, gradients and Adam moments, DeepSpeed 0.19.8's two keys;
-    ``nvme``: the optimizer states in files under $DSLAUNCH_BENCH_NVME, default /tmp/dslaunch-bench-nvme)."""
+    ``nvme``: the optimizer states in files under $DSLAUNCH_BENCH_NVME, default /tmp/dslaunch-bench-nvme;
+    ``ratio`` below 1: ``offload_optimizer.ratio``, the first 1 - ratio of DeepSpeed's sub-groups stepped on
+    the device, with ``sub_group_size`` RATIO_SUB_GROUP so that the 406M GPT has sub-groups to split)."""
     zero: dict = {"stage": stage}
     if offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
@@ -167,6 +172,9 @@ def engine_config(stage: int, offload: bool, settings: Settings, overlap: bool =
             zero["offload_optimizer"].update(device="nvme", nvme_path=folder)
         if overlap:
             zero["offload_optimizer"]["overlap_step"] = True
+        if ratio < 1.0:
+            zero["offload_optimizer"]["ratio"] = ratio
+            zero["sub_group_size"] = RATIO_SUB_GROUP
     if offload_param:
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     return {
@@ -214,7 +222,7 @@ def torch_pinned_host_buffers() -> None:
 
 def ours(stage: int, offload: bool = False, overlap: bool = False, compiled: bool = False,
          offload_param: bool = False, fp32: bool = False, trace: bool | None = None, torch_pinned: bool = False,
-         bf16_states: bool = False, nvme: bool = False):
+         bf16_states: bool = False, nvme: bool = False, ratio: float = 1.0):
     """Our engine, launcher.zero, at a stage (with optimizer offload to CPU if asked; compiled:
     the whole module at stages 0-2, per block at stage 3; fp32: bf16 off; trace True/False: the inf/NaN
     trace, ``non_finite.trace`` (off by default), on/off; torch_pinned: see torch_pinned_host_buffers;
@@ -231,7 +239,7 @@ def ours(stage: int, offload: bool = False, overlap: bool = False, compiled: boo
             zero.initialize  # noqa: B018 - lazy attribute: imports the engine
         except (ImportError, AttributeError) as exc:
             raise Unavailable(f"launcher.zero.initialize not importable: {exc}") from None
-        config = engine_config(stage, offload, settings, overlap, offload_param, fp32, bf16_states, nvme)
+        config = engine_config(stage, offload, settings, overlap, offload_param, fp32, bf16_states, nvme, ratio)
         if compiled:   # the engine's own path: zero.initialize compiles (engine.compile)
             config["compile"] = compile_config(settings)
         if trace is not None:
@@ -306,6 +314,9 @@ VARIANTS: dict[str, Callable[[torch.nn.Module, Settings], Step]] = {
     # ZeRO-Infinity's optimizer states on NVMe (issue 43 item 4; stage 3 only, as in DeepSpeed)
     "zero3_offload_nvme": ours(3, offload=True, nvme=True),
     "zero3_offload_nvme_bf16states": ours(3, offload=True, nvme=True, bf16_states=True),
+    # offload_optimizer.ratio (issue 43 item 2): half of the optimizer states and their step kept on the GPU
+    "zero3_offload_ratio50": ours(3, offload=True, ratio=0.5),
+    "zero3_offload_overlap_ratio50": ours(3, offload=True, overlap=True, ratio=0.5),
     **{f"ds_zero{s}": deepspeed(s) for s in range(4)},
     "ds_zero2_offload": deepspeed(2, offload=True),
     "ds_zero3_offload": deepspeed(3, offload=True),

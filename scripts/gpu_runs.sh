@@ -42,6 +42,9 @@
 #                                        files (fp32 and bf16 states) beside plain, 2 repeats, bytes per parameter;
 #                                        the machine's disk (64 GiB) is below its host memory, so this is the step
 #                                        cost of NVMe, not its capacity  (~5 min)
+#   scripts/gpu_runs.sh ratio OUTDIR   issue 43 item 2's knob: stage 3 + optimizer offload with offload_optimizer.ratio 0.5
+#                                        (half the sub-groups stepped on the GPU) beside ratio 1, with and without
+#                                        overlap_step, and plain; 2 interleaved repeats, bytes per parameter  (~4 min)
 #   scripts/gpu_runs.sh capacity-bf16 OUTDIR the largest GPT of stage 3 + optimizer offload with bf16 states
 #                                        (plain's was 5.05B, fp32 states' 9.88B on an H100)  (~6 min)
 #   offload3 and offload-ab judge their repeats against the floors (scripts/offload_floor.py: on an
@@ -60,10 +63,10 @@
 # JSON is on its [bench] line in NAME.txt). At the end everything but the traces is packed into
 # OUTDIR/PART.tar.gz, since the device tool brings back at most 8 files.
 set -uo pipefail
-parts="accept|accept-tests|after|compile|speed3|offload3|offload-ab|bf16-states|capacity-bf16|nvme|llama|capacity2|moe|speed|sweep|capacity|check"
+parts="accept|accept-tests|after|compile|speed3|offload3|offload-ab|ratio|bf16-states|capacity-bf16|nvme|llama|capacity2|moe|speed|sweep|capacity|check"
 part=${1:?usage: scripts/gpu_runs.sh $parts OUTDIR}
 out=${2:?usage: scripts/gpu_runs.sh $part OUTDIR}
-case $part in accept|accept-tests|after|compile|speed3|offload3|offload-ab|bf16-states|capacity-bf16|nvme|llama|capacity2|moe|speed|sweep|capacity|check) ;;
+case $part in accept|accept-tests|after|compile|speed3|offload3|offload-ab|ratio|bf16-states|capacity-bf16|nvme|llama|capacity2|moe|speed|sweep|capacity|check) ;;
   *) echo "unknown part '$part': ${parts//|/, }"; exit 2 ;; esac
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0
@@ -180,6 +183,10 @@ case $part in
     floor offload-ab
     run host-buffers 120 python3 scripts/bench_host_buffers.py --repeat 3
     cat "$out/host-buffers.jsonl" 2>/dev/null
+    ;;&
+  ratio|check)
+    run ratio 260 "${bench[@]}" --repeat 2 --budget 240 --bytes --peak-size 0 --timeout 60 --variants \
+        plain,zero3_offload,zero3_offload_ratio50,zero3_offload_overlap,zero3_offload_overlap_ratio50
     ;;&
   bf16-states|check)
     run bf16-states 290 "${bench[@]}" --bytes --peak-size 0 --timeout 90 --variants \
