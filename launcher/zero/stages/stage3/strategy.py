@@ -27,7 +27,7 @@ from launcher.zero.stages.stage3 import params as P
 from launcher.zero.stages.stage3.coordinator import ParamCoordinator, Stage3Options
 from launcher.zero.stages.stage3.grad_reduce import Stage3GradReduce
 from launcher.zero.stages.stage3.layout import Stage3Slot, choose_persistent, plan_group
-from launcher.zero.stages.stage3.partial_offload import device_params, share
+from launcher.zero.stages.partial_offload import device_params, share
 from launcher.zero.optim.cpu_adam import CPUAdam
 from launcher.zero.stages.stage3.square_sum import square_sum
 from launcher.zero.stages.stage3.nvme import Stage3Nvme
