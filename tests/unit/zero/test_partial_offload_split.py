@@ -110,13 +110,14 @@ def no_process_group_left():
         torch.distributed.destroy_process_group()
 
 
-def test_another_optimizer_than_the_cpu_adam_is_refused_by_name(no_process_group_left):
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_another_optimizer_than_the_cpu_adam_is_refused_by_name(stage, no_process_group_left):
     """DeepSpeed: "Hybrid Optimizer Only Supports DeepSpeedCPUAdam"; here a ConfigError with a hint."""
     from launcher import zero
     from launcher.zero.errors import ConfigError
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
     config = {"train_micro_batch_size_per_gpu": 2, "zero_allow_untested_optimizer": True,
-              "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}}
+              "zero_optimization": {"stage": stage, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}}
     with pytest.raises(ConfigError, match="ratio 0.5 needs the CPU Adam, not SGD") as caught:
         zero.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), config=config)
     assert "AdamW" in caught.value.hint
