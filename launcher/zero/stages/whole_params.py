@@ -329,6 +329,11 @@ class WholeParamsStrategy(ZeroStrategy):
         position = next(i for i, master in enumerate(self.masters) if master is fragment.master)
         return self.owned_pieces()[position]
 
+    def offloaded_numel(self) -> int:
+        if not isinstance(self.placement, OnHost):
+            return 0
+        return sum(master.numel() for master, piece in zip(self.masters, self.pieces) if not piece.on_device)
+
     def memory_breakdown(self) -> dict[str, int]:
         trainable = {id(p) for group in self.groups for p in group.params}
         frozen = sum(p.numel() * p.element_size() for p in self.module.parameters() if id(p) not in trainable)

@@ -416,6 +416,11 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
         """Free every gathered parameter (engine.empty_partition_cache)."""
         self.coordinator.release_all()
 
+    def offloaded_numel(self) -> int:
+        if not self.offload_optimizer or self.nvme is not None:
+            return 0
+        return sum(master.numel() for master, kept in zip(self.masters, self.on_device) if not kept)
+
     def memory_breakdown(self) -> dict[str, int]:
         def nbytes(t):
             return t.numel() * t.element_size()
