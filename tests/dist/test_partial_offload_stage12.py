@@ -74,14 +74,19 @@ def run(stage, ratio, rank, world_size, overlap=False, precision=None, first=0, 
 
 
 def placement(engine):
-    """The kept elements, the host gradient bytes, and where each master's moments live."""
+    """The kept elements, the host gradient bytes, where each master's moments live, and every
+    parameter's fp32 master and moments as the tensor-fragment API reads them (collective)."""
+    from launcher.zero import utils
+    full = [utils.safe_get_full_fp32_param(p).double().sum().item() for p in engine.module.parameters()]
+    for key in ("exp_avg", "exp_avg_sq"):
+        full += [utils.safe_get_full_optimizer_state(p, key).double().sum().item() for p in engine.module.parameters()]
     strategy = engine.strategy
     kept = sum(p.high - p.low for p in strategy.pieces if p.on_device)
     moments_beside = all(engine.basic_optimizer.state[m]["exp_avg"].device == m.device for m in strategy.masters)
     kept_devices = sorted({m.device.type for m, p in zip(strategy.masters, strategy.pieces) if p.on_device})
     return {"kept": kept, "total": sum(m.numel() for m in strategy.masters), "moments_beside": moments_beside,
             "host_gradients": engine.memory_breakdown()["host_gradients"], "kept_devices": kept_devices,
-            "masters_per_group": [len(g["params"]) for g in engine.basic_optimizer.param_groups]}
+            "masters_per_group": [len(g["params"]) for g in engine.basic_optimizer.param_groups], "full": full}
 
 
 def checkpoints(stage, rank, world_size):
@@ -162,6 +167,7 @@ def _check_rank(records, world_size, rank):
             assert r["moments_beside"] and r["kept_devices"] in ([], ["cpu"]), r
             host = (r["total"] - r["kept"]) * 4 * (2 if r["overlap"] else 1)   # fp32, two buffers with overlap
             assert r["host_gradients"] == host, r
+            assert r["full"] == trained[0]["full"], (r["ratio"], r["overlap"])   # whatever the ratio
         assert trained[1]["masters_per_group"] == [2, 1], trained[1]   # ratio 0.5 cuts the weights group in two
         for precision in ("bf16", "fp16"):
             runs = [r for r in records if r["kind"] == precision and r["stage"] == stage]
