@@ -317,6 +317,9 @@ VARIANTS: dict[str, Callable[[torch.nn.Module, Settings], Step]] = {
     # offload_optimizer.ratio (issue 43 item 2): half of the optimizer states and their step kept on the GPU
     "zero3_offload_ratio50": ours(3, offload=True, ratio=0.5),
     "zero3_offload_overlap_ratio50": ours(3, offload=True, overlap=True, ratio=0.5),
+    # the same at stage 2 (dslaunch's own: DeepSpeed 0.19.8 refuses ratio below 1 there), each rank's partition cut
+    "zero2_offload_ratio50": ours(2, offload=True, ratio=0.5),
+    "zero2_offload_overlap_ratio50": ours(2, offload=True, overlap=True, ratio=0.5),
     **{f"ds_zero{s}": deepspeed(s) for s in range(4)},
     "ds_zero2_offload": deepspeed(2, offload=True),
     "ds_zero3_offload": deepspeed(3, offload=True),

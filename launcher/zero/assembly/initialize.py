@@ -19,6 +19,7 @@ from launcher.zero.distributed.context import DistContext, context_from_group, i
 from launcher.zero.distributed.parallel_layout import layout_from_mpu, tensor_partition_dims
 from launcher.zero.data.loader import build_dataloader
 from launcher.zero.engine.monitor import Monitor, ready_line
+from launcher.zero.engine.offload_advisor import start_advisor
 from launcher.zero.engine.instruments import StepInstruments
 from launcher.zero.engine.zero_engine import EngineParts, ZeroEngine
 from launcher.zero.errors import ConfigError
@@ -154,6 +155,7 @@ def _say_ready(engine: ZeroEngine, monitor: Monitor, param_count: int) -> None:
     nvme_line = engine.strategy.nvme_summary()
     if nvme_line:
         monitor.log(nvme_line)
+    engine.observer.advisor = start_advisor(engine, monitor)   # offload's bound (quiet without offload)
     if precision != "fp32" and engine.dist_context.device.type == "cpu":
         monitor.log(f"{precision} on CPU: most CPUs have no fast {precision} matrix kernels, so steps can run several "
                     f"times slower than fp32; 16-bit precision pays off on a GPU")

@@ -290,17 +290,12 @@ def get_zero_config(param_dict: Mapping) -> ZeroOptimizationConfig:
 
 # ---- rules that involve more than one key ---------------------------------------------------
 def _check_partial_offload(zero) -> None:
-    """``offload_optimizer.ratio`` below 1 is built at stage 3 with device "cpu" (DeepSpeed 0.19.8
-    builds it at stage 3 only); elsewhere it is refused by name."""
-    ratio, stage = zero.offload_optimizer.ratio, zero.stage
-    if ratio >= 1.0:
-        return
-    if stage != 3:
-        raise NotBuiltConfigError(f"zero_optimization.offload_optimizer.ratio {ratio} at stage {stage}: partial "
-                                  "optimizer offload is built at stage 3 only (as in DeepSpeed 0.19.8)",
-                                  hint="set zero_optimization.stage to 3, or remove ratio (every optimizer state "
-                                       "is offloaded)")
-    if zero.offload_optimizer.device == "nvme":
+    """``offload_optimizer.ratio`` below 1 is built at stages 1-3 with device "cpu" (DeepSpeed
+    0.19.8 builds it at stage 3 only and refuses it at stages 1-2; here stages 1-2 cut by the same
+    sub-group rule over each rank's partition: stages/partial_offload.py); with NVMe it is refused
+    by name (NVMe offload itself needs stage 3)."""
+    ratio = zero.offload_optimizer.ratio
+    if ratio < 1.0 and zero.offload_optimizer.device == "nvme":
         raise NotBuiltConfigError(f"zero_optimization.offload_optimizer.ratio {ratio} with device 'nvme': "
                                   "partial offload to NVMe is not built", hint='use device "cpu" with ratio, or '
                                   "remove ratio")

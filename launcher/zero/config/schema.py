@@ -61,7 +61,8 @@ class OffloadConfig:
                                  "inside it)", nullable=True)
     pin_memory: bool = spec(True, "bool", "page-locked host buffers (True in 0.19.8)")
     ratio: float = spec(1.0, "float", "fraction of the optimizer states offloaded; the first 1 - ratio of "
-                        "DeepSpeed's sub-groups keep theirs on the device (stage 3, device cpu)", min=0.0, max=1.0)
+                        "DeepSpeed's sub-groups keep theirs on the device (stages 1-3, device cpu; "
+                        "DeepSpeed 0.19.8: stage 3 only)", min=0.0, max=1.0)
     super_offload: bool = spec(False, "bool", "DeepSpeed's SuperOffload (not built: must be false; issue 43 builds it)")
     cpuadam_cores_perc: float = spec(0.8, "float", "with super_offload only: the share of CPU cores its Adam uses",
                                      min=0.0, max=1.0)

@@ -21,8 +21,9 @@ calls, per ``train_batch`` (``eval_batch``: the first two)::
 
 Behind it: the stall beat (launcher.zero.stall_beat, ``--stall_timeout``), the phase timers and the
 progress line (reporting.Progress), the FLOPs count, the profile and the inf/NaN diagnosis
-(instruments.StepInstruments), and the marks that route a plain ``loss.backward()`` through the engine
-(plain_backward.BackwardHooks); for the pipeline, the schedule's wall time and receive waits
+(instruments.StepInstruments), the marks that route a plain ``loss.backward()`` through the engine
+(plain_backward.BackwardHooks), and optimizer offload's advice (offload_advisor.OffloadAdvisor, set by
+initialize on rank 0 with the optimizer offloaded); for the pipeline, the schedule's wall time and receive waits
 (``schedule_timing``). None of it changes what the step computes; what watches never
 fails the step (instruments.py says how).
 """
@@ -61,10 +62,14 @@ class StepObserver:
         self.memory = memory            # the memory breakdown, for the progress line
         #: the last pipeline schedule's wall time and the time it waited in receives (``schedule``)
         self.schedule_timing: dict[str, float] = {}
+        #: optimizer offload's advice (offload_advisor.py); None: no offload, or not rank 0
+        self.advisor = None
 
     # ---- forward ----------------------------------------------------------------------------
     def forward_begins(self) -> None:
         stall_beat.reached(self.counters.global_steps)   # --stall_timeout: a rank stuck in here falls behind
+        if self.advisor is not None:
+            self.advisor.forward_begins()
         self.progress.timers.start("forward")
 
     @contextlib.contextmanager
@@ -113,6 +118,8 @@ class StepObserver:
     @contextlib.contextmanager
     def step(self):
         """Around the optimizer step: its timer and count; fp16's stuck loss scale said with its cause."""
+        if self.advisor is not None:
+            self.advisor.step_begins()
         self.progress.timers.start("step")
         self.instruments.step_begins()
         with self.instruments.guard_step(self.run, self.counters.global_steps + 1):
@@ -120,6 +127,8 @@ class StepObserver:
 
     def step_done(self, facts: StepFacts) -> None:
         """The profile and a skipped step's diagnosis, then the metric events and the progress line."""
+        if self.advisor is not None:   # first: it times the step alone, not the profile
+            self.advisor.step_done(facts.skipped)
         self.instruments.after_step(self.run, facts)
         self.progress.timers.stop("step")
         events = self.instruments.event_values(facts, self.progress.tokens_per_sample)

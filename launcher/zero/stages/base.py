@@ -25,7 +25,7 @@ the methods below, always in this order:
     checkpoints: fragments(), full_shapes(), module_state_dict(), load_module_state_dict(),
                  sync_params_from_master(), gathered_16bit_state_dict() (save_16bit_model)
     between steps: release_gathered() (engine.empty_partition_cache); destroy()
-    reporting:   memory_breakdown(), nvme_summary() (initialize's start lines)
+    reporting:   memory_breakdown(), nvme_summary(), offloaded_numel() (initialize's start lines)
 
 Every method the engine calls is declared here; a stage overrides what it does differently, and
 the engine never probes a strategy for optional methods.
@@ -294,6 +294,11 @@ class ZeroStrategy(ABC):
     def nvme_summary(self) -> str | None:
         """The start line of NVMe offload (stage 3 says where the states go); None without it."""
         return None
+
+    def offloaded_numel(self) -> int:
+        """Elements of this rank's masters whose optimizer step runs on the host's CPU Adam (optimizer
+        offload to the CPU; not NVMe, whose bound is the disk): what the offload advice's bound counts."""
+        return 0
 
     @abstractmethod
     def memory_breakdown(self) -> dict[str, int]:

@@ -1,7 +1,9 @@
 """ZeRO-Offload at stages 1 and 2: the same partitioning and gradient reduction as without
 offload, with the optimizer placed in host memory (placement.OnHost). The optimizer (our
 CPUAdam when the config asks for Adam) steps the host masters; the updated slice is copied back
-and all-gathered. Stage 3's offload lives in the stage-3 strategy itself."""
+and all-gathered. With ``offload_optimizer.ratio`` below 1 a leading piece of each rank's
+partition keeps its master and states on the device (whole_params.py's pieces). Stage 3's
+offload lives in the stage-3 strategy itself."""
 from __future__ import annotations
 
 from launcher.zero.stages.sharding import Sharded

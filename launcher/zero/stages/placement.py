@@ -41,14 +41,17 @@ class OnDevice:
     def __init__(self, context):
         self.context = context
 
-    def build(self, weights: torch.Tensor, may_alias: bool) -> tuple[torch.Tensor, bool]:
-        """The master for the weight range ``weights``, and whether it *is* that range."""
+    def build(self, weights: torch.Tensor, may_alias: bool, on_device: bool = False) -> tuple[torch.Tensor, bool]:
+        """The master for the weight range ``weights``, and whether it *is* that range (``on_device``:
+        offload's kept part, offload_optimizer.ratio; here every master is on the device)."""
         if may_alias:
             return weights, True
         return weights.detach().to(self.context.precision.master_dtype).clone(), False
 
-    def give_grads(self, masters: list[torch.Tensor], owned: list[torch.Tensor]) -> None:
-        """Each master's ``.grad``: its owned gradient range (an fp32 copy when the dtypes differ)."""
+    def give_grads(self, masters: list[torch.Tensor], owned: list[torch.Tensor],
+                   whole: list[torch.Tensor] | None = None) -> None:
+        """Each master's ``.grad``: its owned gradient range (an fp32 copy when the dtypes differ);
+        ``whole``: the groups' owned ranges uncut, where offload measures the norm."""
         for master, grad in zip(masters, owned):
             master.grad = grad if grad.dtype == master.dtype else grad.to(master.dtype)
 
@@ -105,6 +108,11 @@ class OnHost(OnDevice):
     With ``overlap_step`` the Adam and the uploads run in the background (step_overlap.py):
     each upload publishes its mark, and the host gradients are two buffers used in turn, so
     the next backward's copies never land in the buffer the running step reads.
+
+    ``offload_optimizer.ratio`` below 1: the positions built ``on_device`` (``kept``) keep an fp32
+    master on the device and nothing on the host; their gradient is the reduced one itself (a
+    copy of it with overlap_step, since the next backward reuses that buffer), our CPU Adam
+    steps them there, and their "upload" is the device copy into the weights.
     """
 
     UPLOAD_NUMEL = 1 << 24    # copy updated weights back in runs of at least this many values
@@ -122,13 +130,20 @@ class OnHost(OnDevice):
         self.double_buffer = bool(offload is not None and offload.overlap_step)
         self.spare_grads: list[torch.Tensor] = []
         self.measured: torch.Tensor | None = None   # the square sum give_grads measured
+        self.kept: list[bool] = []   # per position: master and states stay on the device (ratio)
 
-    def build(self, weights: torch.Tensor, may_alias: bool) -> tuple[torch.Tensor, bool]:
-        master = host_copy(weights, self.context.precision.master_dtype, self.pin)
+    def build(self, weights: torch.Tensor, may_alias: bool, on_device: bool = False) -> tuple[torch.Tensor, bool]:
+        self.kept.append(on_device)
+        self.filled.append(0)
+        dtype = self.context.precision.master_dtype
+        if on_device:   # nothing on the host; an empty entry keeps the lists by position
+            for buffers in (self.host_grads, self.spare_grads) if self.double_buffer else (self.host_grads,):
+                buffers.append(torch.empty(0, dtype=dtype))
+            return weights.detach().to(dtype, copy=True), False
+        master = host_copy(weights, dtype, self.pin)
         self.host_grads.append(host_zeros(master.numel(), master.dtype, self.pin))
         if self.double_buffer:
             self.spare_grads.append(host_zeros(master.numel(), master.dtype, self.pin))
-        self.filled.append(0)
         return master, False   # the device weights and the host masters are always two tensors
 
     def host_gradient_bytes(self) -> int:
@@ -143,6 +158,8 @@ class OnHost(OnDevice):
 
     def grad_ready(self, position: int, offset: int, grad: torch.Tensor) -> None:
         """The owned gradient range at ``offset`` is final for this step: start its copy."""
+        if self.kept[position]:   # stays where it is: give_grads hands it over
+            return
         host = self.host_grads[position][offset:offset + grad.numel()]
         self.filled[position] += grad.numel()
         if self.stream is None:
@@ -152,16 +169,22 @@ class OnHost(OnDevice):
         with torch.cuda.stream(self.stream):
             host.copy_(grad if grad.dtype == host.dtype else grad.to(host.dtype), non_blocking=True)
 
-    def give_grads(self, masters: list[torch.Tensor], owned: list[torch.Tensor]) -> None:
+    def give_grads(self, masters: list[torch.Tensor], owned: list[torch.Tensor],
+                   whole: list[torch.Tensor] | None = None) -> None:
         """The host grads: the reported ranges were copied while backward ran; copy any range
-        that did not report, and wait, so that whatever reads ``master.grad`` sees it whole."""
+        that did not report, and wait, so that whatever reads ``master.grad`` sees it whole.
+        The norm is measured over ``whole`` (each group's range uncut): the same sums in the
+        same rows whatever offload_optimizer.ratio cuts off."""
         self.owned = owned
         for position, (master, grad, host) in enumerate(zip(masters, owned, self.host_grads)):
+            if self.kept[position]:   # a background step reads it while the next backward reduces
+                master.grad = grad.to(master.dtype, copy=self.double_buffer)
+                continue
             if self.filled[position] != self.expected[position]:
                 self._copy_whole(grad, host)
             master.grad = host
         # the norm's kernels queue behind the backward now, beside the last copies to the host
-        self.measured = squares_of(owned, self.context.dist_context.device)
+        self.measured = squares_of(owned if whole is None else whole, self.context.dist_context.device)
         self._wait()
 
     def take_square_sum(self) -> torch.Tensor | None:
@@ -207,6 +230,11 @@ class OnHost(OnDevice):
         """master[start:end] -> device weights, on the side stream, cast there."""
         source, target = self.masters[position][start:end], self.targets[position][start:end]
         self.uploaded[position] = end
+        if self.kept[position]:   # on the device already: a copy on the stream its update ran on
+            target.copy_(source)
+            if self.overlap is not None:
+                self.overlap.publish(position, end, torch.cuda.current_stream() if self.stream is not None else None)
+            return
         if self.stream is None:
             target.copy_(source)
         else:

@@ -23,7 +23,7 @@ class ReduceAtBoundary(WholeGradients):
             target = buffer[low + offset:low + offset + reduced.numel()]
             if reduced.data_ptr() != target.data_ptr():
                 target.copy_(reduced)
-            strategy.placement.grad_ready(position, offset, target)   # reduced on the boundary only
+            strategy.grad_ready(position, offset, target)   # reduced on the boundary only
         strategy.reduce_to_owners(group, work, start, accumulate)
 
 

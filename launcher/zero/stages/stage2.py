@@ -72,7 +72,7 @@ class ReduceEveryMicroStep:
             final = partition[offset:offset + reduced.numel()]
             final.add_(reduced)
             if self.boundary:   # this range is now final for the step: offload copies it at once
-                strategy.placement.grad_ready(position, offset, final)
+                strategy.grad_ready(position, offset, final)
         strategy.reduce_to_owners(strategy.groups[position], work, bucket.start, accumulate)
         strategy.pending.append((None, lambda: self.staging.pop(bucket_index, None)))
         if not strategy.context.config.overlap_comm:

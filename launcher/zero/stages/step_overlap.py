@@ -25,6 +25,7 @@ import bisect
 import os
 import sys
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
@@ -61,6 +62,10 @@ class StepOverlap:
         self._worker: int | None = None
         #: a side stream for uploads a strategy issues itself (stage 3); None on the CPU
         self.stream = torch.cuda.Stream(device=device) if self.cuda else None
+        #: for what watches the step (the offload advice): the last finished step's seconds in the
+        #: worker, and the seconds the training thread has spent blocked on steps in all
+        self.work_seconds: float | None = None
+        self.waited_seconds = 0.0
         atexit.register(self._check_at_exit)
 
     @property
@@ -86,6 +91,7 @@ class StepOverlap:
 
     def _run(self, work: Callable[[], None]) -> None:
         self._worker = threading.get_ident()
+        started = time.perf_counter()
         try:
             if self.cuda:
                 torch.cuda.set_device(self.device)   # the current device is per thread
@@ -96,6 +102,7 @@ class StepOverlap:
                 self._done = [torch.cuda.Event() for _ in self._streams]
                 for event, stream in zip(self._done, self._streams):
                     event.record(stream)
+            self.work_seconds = time.perf_counter() - started
         finally:
             with self._cond:
                 self._finished = True
@@ -126,9 +133,11 @@ class StepOverlap:
         """Block until elements [0, end) of ``position`` are final; the current stream waits for their copy."""
         if self._future is None:
             return
+        started = time.perf_counter()
         with self._cond:
             while self._marks[position] < end and not self._finished:
                 self._cond.wait()
+            self.waited_seconds += time.perf_counter() - started
             reached = self._marks[position] >= end
             event = next((e for mark, e in self._events[position] if mark >= end), None) if reached else None
         if not reached:          # the step ended short of it: failed, or the mark was never published
@@ -142,7 +151,11 @@ class StepOverlap:
         future, self._future = self._future, None
         if future is None:
             return
-        future.result()   # re-raises the worker's exception here, once
+        started = time.perf_counter()
+        try:
+            future.result()   # re-raises the worker's exception here, once
+        finally:
+            self.waited_seconds += time.perf_counter() - started
         if self.cuda:
             # the step's copies, not the whole stream: stage 1-2 offload also copies the next
             # backward's gradients to the host on it, which the step's norm need not wait for

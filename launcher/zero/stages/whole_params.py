@@ -11,9 +11,15 @@ with gradient hooks feeding a bucket queue. What differs between the stages is t
 * an *optimizer placement* (placement.py): masters on the device, or in host memory (offload).
 
 Each stage module names one combination; ``WholeParamsStrategy`` runs it.
+
+Glossary: a *piece* is the flat range of one group that one master tensor covers, and its index
+is that master's *position*. A group's partition is one piece, or two with
+``offload_optimizer.ratio`` below 1: a leading piece whose master, moments and step stay on the
+device and a piece offloaded to the host (the cut: partial_offload.partition_kept).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -24,8 +30,20 @@ from launcher.zero.layout.flat import ParamGroup, collect_groups, flatten_into_b
 from launcher.zero.experts.wiring import broadcast_from_first, counted_once_square_sum
 from launcher.zero.stages.base import Fragment, ZeroStrategy, squares_of
 from launcher.zero.stages.buckets import BucketQueue, plan_all_buckets, register_grad_hooks
+from launcher.zero.stages.partial_offload import partition_kept
+from launcher.zero.optim.cpu_adam import CPUAdam
 from launcher.zero.stages.placement import OnDevice, OnHost
 from launcher.zero.stages.step_overlap import FirstUseOrder, StepOverlap
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The flat range [low, high) of ``self.groups[group]``'s buffer that one master covers."""
+
+    group: int
+    low: int
+    high: int
+    on_device: bool = False   # offload_optimizer.ratio: its optimizer state stays on the device
 
 
 class WholeParamsStrategy(ZeroStrategy):
@@ -67,9 +85,14 @@ class WholeParamsStrategy(ZeroStrategy):
             group.dist_context = contexts[group.index]
         self.param_buffers = [flatten_into_buffer(group, ctx.dist_context.device, ctx.precision.param_dtype)
                               for group in self.groups]
-        self.masters = [self._build_master(group, buffer) for group, buffer in zip(self.groups, self.param_buffers)]
-        for group, master in zip(self.groups, self.masters):
-            optimizer.param_groups[group.index]["params"] = [master]
+        bounds = [self.partitioning.bounds(group) for group in self.groups]
+        self.pieces = self._plan_pieces(optimizer, bounds)
+        #: per group position, the positions of its pieces
+        self.pieces_of = [[i for i, p in enumerate(self.pieces) if p.group == g] for g in range(len(self.groups))]
+        self.masters = [self._build_master(piece) for piece in self.pieces]
+        for position, group in enumerate(self.groups):
+            optimizer.param_groups[group.index]["params"] = [master for master, piece in zip(self.masters, self.pieces)
+                                                             if piece.group == position]
         order = {name: index for index, (name, _) in enumerate(module.named_parameters())}
         bucket_numel = self.placement.bucket_numel(int(ctx.config.zero_optimization.reduce_bucket_size))
         self.plan = plan_all_buckets(self.groups, bucket_numel, order)
@@ -81,14 +104,38 @@ class WholeParamsStrategy(ZeroStrategy):
         for group in self.groups:
             self.hooks += register_grad_hooks(group.params, lambda i, g=group.index: self.reduction.on_grad(g, i))
         self.reduction.bind(self)
-        bounds = [self.partitioning.bounds(group) for group in self.groups]
-        self.placement.attach(optimizer, self.masters, [b[low:high] for b, (low, high) in zip(self.param_buffers, bounds)],
-                              [_covered(group, low, high) for group, (low, high) in zip(self.groups, bounds)])
+        self.placement.attach(optimizer, self.masters, [self.param_buffers[p.group][p.low:p.high] for p in self.pieces],
+                              [_covered(self.groups[p.group], p.low, p.high) for p in self.pieces])
         offload = ctx.config.zero_optimization.offload_optimizer
         if isinstance(self.placement, OnHost) and offload is not None and offload.overlap_step:
-            self._start_overlap(module, optimizer, bounds, order)
+            self._start_overlap(module, optimizer, order)
 
-    def _start_overlap(self, module: torch.nn.Module, optimizer, bounds, order: dict[str, int]) -> None:
+    def _plan_pieces(self, optimizer, bounds: list[tuple[int, int]]) -> list[Piece]:
+        """One piece per group's partition; with ``offload_optimizer.ratio`` below 1 the leading
+        fragments of DeepSpeed's first ``int((1 - ratio) * count)`` sub-groups (counted over this
+        rank's partitions) make a piece of their own that stays on the device."""
+        offload = self.context.config.zero_optimization.offload_optimizer
+        ratio = float(offload.ratio) if isinstance(self.placement, OnHost) and offload is not None else 1.0
+        whole = [Piece(position, low, high) for position, (low, high) in enumerate(bounds)]
+        if ratio >= 1.0:
+            return whole
+        if not isinstance(optimizer, CPUAdam):   # as stage 3 (DeepSpeed's hybrid optimizer is its CPU Adam)
+            raise ConfigError(f"zero_optimization.offload_optimizer.ratio {ratio} needs the CPU Adam, not "
+                              f"{type(optimizer).__name__}",
+                              hint='use "optimizer": {"type": "AdamW"} (or Adam), which offload builds as the '
+                                   "CPU Adam, or remove ratio")
+        inside = [[(max(low, s.offset), min(high, s.end)) for s in group.layout.slots if s.offset < high and s.end > low]
+                  for group, (low, high) in zip(self.groups, bounds)]
+        kept = partition_kept([[end - start for start, end in each] for each in inside],
+                              int(self.context.config.zero_optimization.sub_group_size), ratio)
+        pieces = []
+        for piece, each, count in zip(whole, inside, kept):
+            cut = piece.low if count == 0 else piece.high if count == len(each) else each[count - 1][1]
+            parts = [Piece(piece.group, piece.low, cut, True), Piece(piece.group, cut, piece.high)]
+            pieces += [part for part in parts if part.high > part.low] or [piece]
+        return pieces
+
+    def _start_overlap(self, module: torch.nn.Module, optimizer, order: dict[str, int]) -> None:
         """overlap_step: a background step; at world size 1 each module waits for its own weights
         (with more ranks the updated partitions are all-gathered first, so the forward waits whole)."""
         _prepare_of(optimizer)
@@ -96,22 +143,23 @@ class WholeParamsStrategy(ZeroStrategy):
         self.placement.overlap = self.overlap
         if hasattr(optimizer, "chunk_priority"):
             starts, ranks = [], []
-            for group, (low, high) in zip(self.groups, bounds):
-                inside = [s for s in group.layout.slots if s.offset < high and s.end > low]
-                starts.append([max(s.offset, low) - low for s in inside])
+            for piece in self.pieces:
+                inside = [s for s in self.groups[piece.group].layout.slots if s.offset < piece.high and s.end > piece.low]
+                starts.append([max(s.offset, piece.low) - piece.low for s in inside])
                 ranks.append([order[s.name] for s in inside])
             optimizer.chunk_priority = FirstUseOrder(self.masters, starts, ranks)
         if self.context.dist_context.world_size > 1:
             return
-        needs = {}
-        for position, (group, (low, high)) in enumerate(zip(self.groups, bounds)):
+        needs: dict[int, list[tuple[int, int]]] = {}   # a parameter -> (position, elements it needs final)
+        for position, piece in enumerate(self.pieces):
+            group = self.groups[piece.group]
             for param, slot in zip(group.params, group.layout.slots):
-                needs[id(param)] = (position, min(slot.end, high) - low)
+                if slot.offset < piece.high and slot.end > piece.low:
+                    needs.setdefault(id(param), []).append((position, min(slot.end, piece.high) - piece.low))
         for child in module.modules():
             wants: dict[int, int] = {}
             for param in child.parameters(recurse=False):
-                if id(param) in needs:
-                    position, end = needs[id(param)]
+                for position, end in needs.get(id(param), ()):
                     wants[position] = max(wants.get(position, 0), end)
             if wants:
                 marks = tuple(wants.items())
@@ -123,9 +171,9 @@ class WholeParamsStrategy(ZeroStrategy):
             for position, end in marks:
                 self.overlap.wait_for(position, end)
 
-    def _build_master(self, group: ParamGroup, buffer: torch.Tensor) -> torch.Tensor:
-        low, high = self.partitioning.bounds(group)
-        master, self.aliased = self.placement.build(buffer[low:high], self.partitioning.may_alias())
+    def _build_master(self, piece: Piece) -> torch.Tensor:
+        weights = self.param_buffers[piece.group][piece.low:piece.high]
+        master, self.aliased = self.placement.build(weights, self.partitioning.may_alias(), piece.on_device)
         return master
 
     # ---- backward ------------------------------------------------------------------------
@@ -172,6 +220,22 @@ class WholeParamsStrategy(ZeroStrategy):
         for _, done in pending:
             done()
 
+    def grad_ready(self, position: int, offset: int, grad: torch.Tensor) -> None:
+        """The reduction's report: ``grad`` at ``offset`` into group ``position``'s partition is final
+        for this step; the placement hears it per piece."""
+        low = self.partitioning.bounds(self.groups[position])[0]
+        for index in self.pieces_of[position]:
+            piece = self.pieces[index]
+            start, end = max(piece.low - low, offset), min(piece.high - low, offset + grad.numel())
+            if start < end:
+                self.placement.grad_ready(index, start - (piece.low - low), grad[start - offset:end - offset])
+
+    def owned_pieces(self) -> list[torch.Tensor]:
+        """Each master's gradient: its piece of the reduction's owned range."""
+        owned = [self.reduction.owned(position) for position in range(len(self.groups))]
+        lows = [self.partitioning.bounds(group)[0] for group in self.groups]
+        return [owned[p.group][p.low - lows[p.group]:p.high - lows[p.group]] for p in self.pieces]
+
     def group_position(self, group_index: int) -> int:
         """Position in self.groups of the optimizer group ``group_index``."""
         for position, group in enumerate(self.groups):
@@ -181,7 +245,8 @@ class WholeParamsStrategy(ZeroStrategy):
 
     # ---- the step ------------------------------------------------------------------------
     def prepare_master_grads(self) -> None:
-        self.placement.give_grads(self.masters, [self.reduction.owned(p) for p in range(len(self.groups))])
+        whole = [self.reduction.owned(position) for position in range(len(self.groups))]
+        self.placement.give_grads(self.masters, self.owned_pieces(), whole)
         for call in self.before_norm:
             call()
 
@@ -196,8 +261,8 @@ class WholeParamsStrategy(ZeroStrategy):
             return super().data_square_sum()
         # MoE: each parameter counted once, whatever ranks hold copies of it
         device = self.context.dist_context.device
-        parts = [(squares_of([grad], device), group.dist_context.world_size)
-                 for grad, group in zip(self.norm_grads(), self.groups)]
+        parts = [(squares_of([grad], device), self.groups[piece.group].dist_context.world_size)
+                 for grad, piece in zip(self.norm_grads(), self.pieces)]
         return counted_once_square_sum(parts, self.partitioned_grads, self.context.dist_context)
 
     def local_square_sum(self) -> torch.Tensor:
@@ -214,10 +279,9 @@ class WholeParamsStrategy(ZeroStrategy):
 
     def _write_back(self) -> None:
         with torch.no_grad():
-            for position, (group, buffer, master) in enumerate(zip(self.groups, self.param_buffers, self.masters)):
-                low, high = self.partitioning.bounds(group)
+            for position, (piece, master) in enumerate(zip(self.pieces, self.masters)):
                 if not self.aliased:
-                    self.placement.write_back(buffer[low:high], master, position)
+                    self.placement.write_back(self.param_buffers[piece.group][piece.low:piece.high], master, position)
 
     def _gather(self) -> None:
         with torch.no_grad():
@@ -251,8 +315,8 @@ class WholeParamsStrategy(ZeroStrategy):
     # ---- checkpoints and reporting -------------------------------------------------------
     def fragments(self) -> list[Fragment]:
         found = []
-        for group, master in zip(self.groups, self.masters):
-            low, high = self.partitioning.bounds(group)
+        for piece, master in zip(self.pieces, self.masters):
+            group, low, high = self.groups[piece.group], piece.low, piece.high
             for slot in group.layout.slots:
                 start, end = max(low, slot.offset), min(high, slot.end)
                 if start < end:
@@ -262,7 +326,13 @@ class WholeParamsStrategy(ZeroStrategy):
         return found
 
     def grad_of(self, fragment: Fragment) -> torch.Tensor:
-        return self.reduction.owned(self.group_position(fragment.group))
+        position = next(i for i, master in enumerate(self.masters) if master is fragment.master)
+        return self.owned_pieces()[position]
+
+    def offloaded_numel(self) -> int:
+        if not isinstance(self.placement, OnHost):
+            return 0
+        return sum(master.numel() for master, piece in zip(self.masters, self.pieces) if not piece.on_device)
 
     def memory_breakdown(self) -> dict[str, int]:
         trainable = {id(p) for group in self.groups for p in group.params}

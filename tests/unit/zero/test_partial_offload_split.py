@@ -1,4 +1,4 @@
-"""offload_optimizer.ratio's split (stages/stage3/partial_offload.py): which parameters keep their
+"""offload_optimizer.ratio's split (stages/partial_offload.py): which parameters keep their
 optimizer states on the device is DeepSpeed 0.19.8's rule: sub-groups cut by
 ``_create_fp16_sub_groups`` (runtime/zero/stage3.py), numbered across the optimizer groups, the first
 ``int((1 - ratio) * count)`` on the accelerator (``_create_fp32_partitions``)."""
@@ -10,8 +10,8 @@ import torch
 
 from launcher.zero.stages.base import square_sum as tensor_square_sum
 from launcher.zero.stages.stage3.layout import plan_group
-from launcher.zero.stages.stage3.partial_offload import (device_params, device_sub_groups, share,
-                                                         sub_group_lengths)
+from launcher.zero.stages.partial_offload import (device_params, device_sub_groups, partition_kept, share,
+                                                  sub_group_lengths)
 from launcher.zero.stages.stage3.square_sum import _from_device
 
 # (shares per optimizer group, sub_group_size, ratio) -> leading parameters kept on the device per group
@@ -68,6 +68,22 @@ def test_sub_groups_and_the_device_count_on_their_own():
     assert [device_sub_groups(10, r) for r in (0.0, 0.3, 0.7, 1.0)] == [10, 7, 3, 0]
 
 
+# stages 1-2 (partition_kept): the lengths of the fragments in one rank's partition, per group
+PARTITION_CASES = [
+    ([[448, 1920], [64, 2]], 200, 0.5, [1, 0]),     # the 7-64-64-3 MLP's rank 0 of 2: 3 sub-groups, 1 stays
+    ([[2176, 192], [62, 3]], 200, 0.5, [1, 0]),     # its rank 1: the cut may differ from rank to rank
+    ([[448, 1920], [64, 2]], 200, 0.0, [2, 2]),
+    ([[448, 4096, 192], [131]], 10 ** 9, 0.5, [3, 0]),   # default size: one sub-group per group, int(1.0)
+    ([[], [5, 5]], 5, 0.5, [0, 1]),                 # no fragment here: no sub-group (DeepSpeed's stage 3 counts one)
+    ([[], []], 5, 0.0, [0, 0]),
+]
+
+
+@pytest.mark.parametrize("groups, size, ratio, kept", PARTITION_CASES)
+def test_stages_1_and_2_cut_each_partition_by_the_same_rule(groups, size, ratio, kept):
+    assert partition_kept(groups, size, ratio) == kept
+
+
 @pytest.mark.parametrize("rank", [0, 1])
 def test_the_offload_norm_counts_the_gradients_kept_on_the_device(rank):
     """With offload from a GPU the norm adds squares measured as shards were copied out; a
@@ -94,13 +110,14 @@ def no_process_group_left():
         torch.distributed.destroy_process_group()
 
 
-def test_another_optimizer_than_the_cpu_adam_is_refused_by_name(no_process_group_left):
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_another_optimizer_than_the_cpu_adam_is_refused_by_name(stage, no_process_group_left):
     """DeepSpeed: "Hybrid Optimizer Only Supports DeepSpeedCPUAdam"; here a ConfigError with a hint."""
     from launcher import zero
     from launcher.zero.errors import ConfigError
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2))
     config = {"train_micro_batch_size_per_gpu": 2, "zero_allow_untested_optimizer": True,
-              "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}}
+              "zero_optimization": {"stage": stage, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}}
     with pytest.raises(ConfigError, match="ratio 0.5 needs the CPU Adam, not SGD") as caught:
         zero.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), config=config)
     assert "AdamW" in caught.value.hint

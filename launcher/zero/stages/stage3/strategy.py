@@ -27,7 +27,7 @@ from launcher.zero.stages.stage3 import params as P
 from launcher.zero.stages.stage3.coordinator import ParamCoordinator, Stage3Options
 from launcher.zero.stages.stage3.grad_reduce import Stage3GradReduce
 from launcher.zero.stages.stage3.layout import Stage3Slot, choose_persistent, plan_group
-from launcher.zero.stages.stage3.partial_offload import device_params, share
+from launcher.zero.stages.partial_offload import device_params, share
 from launcher.zero.optim.cpu_adam import CPUAdam
 from launcher.zero.stages.stage3.square_sum import square_sum
 from launcher.zero.stages.stage3.nvme import Stage3Nvme
@@ -415,6 +415,11 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
     def release_gathered(self) -> None:
         """Free every gathered parameter (engine.empty_partition_cache)."""
         self.coordinator.release_all()
+
+    def offloaded_numel(self) -> int:
+        if not self.offload_optimizer or self.nvme is not None:
+            return 0
+        return sum(master.numel() for master, kept in zip(self.masters, self.on_device) if not kept)
 
     def memory_breakdown(self) -> dict[str, int]:
         def nbytes(t):

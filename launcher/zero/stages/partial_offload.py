@@ -11,6 +11,12 @@ whole group or nothing on the device; a smaller ``sub_group_size`` makes the cut
 A parameter's *share* is what one rank holds of it in DeepSpeed (``partition_numel``:
 ceil(numel / world_size), for the small "persistent" parameters too), so the cut is the same on
 every rank and the same as DeepSpeed's.
+
+Stages 1 and 2 (``partition_kept``): DeepSpeed 0.19.8 has no ratio there (its config refuses
+``ratio`` below 1 unless the stage is 3: "Partial offloading only supported for ZeRO Stage 3.";
+stage_1_and_2.py never reads it), so dslaunch defines it with the same rule over this rank's
+partition: its *fragments* (the parts of parameters inside the partition, in flat order) take the
+place of the shares, so sub-groups, and the cut, may differ from rank to rank.
 """
 from __future__ import annotations
 
@@ -52,3 +58,12 @@ def device_params(groups: list[list[int]], sub_group_size: int, ratio: float) ->
         kept.append(sum(taken))
         left -= len(taken)
     return kept
+
+
+def partition_kept(groups: list[list[int]], sub_group_size: int, ratio: float) -> list[int]:
+    """Stages 1-2: per optimizer group (each the lengths of the fragments in this rank's partition,
+    in flat order), how many leading fragments keep their optimizer states on the device; a group
+    with no fragment on this rank makes no sub-group (it holds nothing to place)."""
+    present = [lengths for lengths in groups if lengths]
+    kept = iter(device_params(present, sub_group_size, ratio))
+    return [next(kept) if lengths else 0 for lengths in groups]
