@@ -45,6 +45,7 @@
 #   scripts/gpu_runs.sh ratio OUTDIR   issue 43 item 2's knob: stage 3 + optimizer offload with offload_optimizer.ratio 0.5
 #                                        (half the sub-groups stepped on the GPU) beside ratio 1, with and without
 #                                        overlap_step, and plain; 2 interleaved repeats, bytes per parameter  (~4 min)
+#   scripts/gpu_runs.sh ratio2 OUTDIR  the same knob at stage 2 with overlap_step (ratio 0.5 and 1) beside plain (~3 min)
 #   scripts/gpu_runs.sh capacity-bf16 OUTDIR the largest GPT of stage 3 + optimizer offload with bf16 states
 #                                        (plain's was 5.05B, fp32 states' 9.88B on an H100)  (~6 min)
 #   offload3 and offload-ab judge their repeats against the floors (scripts/offload_floor.py: on an
@@ -63,10 +64,10 @@
 # JSON is on its [bench] line in NAME.txt). At the end everything but the traces is packed into
 # OUTDIR/PART.tar.gz, since the device tool brings back at most 8 files.
 set -uo pipefail
-parts="accept|accept-tests|after|compile|speed3|offload3|offload-ab|ratio|bf16-states|capacity-bf16|nvme|llama|capacity2|moe|speed|sweep|capacity|check"
+parts="accept|accept-tests|after|compile|speed3|offload3|offload-ab|ratio|ratio2|bf16-states|capacity-bf16|nvme|llama|capacity2|moe|speed|sweep|capacity|check"
 part=${1:?usage: scripts/gpu_runs.sh $parts OUTDIR}
 out=${2:?usage: scripts/gpu_runs.sh $part OUTDIR}
-case $part in accept|accept-tests|after|compile|speed3|offload3|offload-ab|ratio|bf16-states|capacity-bf16|nvme|llama|capacity2|moe|speed|sweep|capacity|check) ;;
+case $part in accept|accept-tests|after|compile|speed3|offload3|offload-ab|ratio|ratio2|bf16-states|capacity-bf16|nvme|llama|capacity2|moe|speed|sweep|capacity|check) ;;
   *) echo "unknown part '$part': ${parts//|/, }"; exit 2 ;; esac
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0
@@ -187,6 +188,10 @@ case $part in
   ratio|check)
     run ratio 260 "${bench[@]}" --repeat 2 --budget 240 --bytes --peak-size 0 --timeout 60 --variants \
         plain,zero3_offload,zero3_offload_ratio50,zero3_offload_overlap,zero3_offload_overlap_ratio50
+    ;;&
+  ratio2|check)   # stages 1-2's ratio (dslaunch's own; DeepSpeed 0.19.8 refuses the key there)
+    run ratio2 200 "${bench[@]}" --repeat 2 --budget 180 --bytes --peak-size 0 --timeout 50 --variants \
+        plain,zero2_offload_overlap,zero2_offload_overlap_ratio50
     ;;&
   bf16-states|check)
     run bf16-states 290 "${bench[@]}" --bytes --peak-size 0 --timeout 90 --variants \
