@@ -1,18 +1,39 @@
 """torch.compile for the engine's module: what ``engine.compile()`` and the ``compile`` config do.
 
-Where the compiled code runs, a Python hook would be traced into the graph or break it. Stage 3
-gathers and releases parameters in module hooks, so there the module is compiled per *region*:
-each repeated block (the children of a ``ModuleList`` of same-class modules, torchtitan's
-transformer blocks) gets a compiled ``forward``, and the strategy gathers each block's parameters
-as one unit in hooks around it, outside the compiled code. Identical blocks share one graph.
-Stages 0-2 put no hooks in the forward, so the whole module's ``forward`` is compiled, as
-DeepSpeed's ``engine.compile()`` does.
+Where the compiled code runs, a Python hook would be traced into the graph or break it, and a graph
+reads its parameters when it starts. Stage 3 gathers and releases parameters in module hooks, so
+there (scope "blocks_and_top") the module is compiled per *region*:
+
+- each repeated block (the children of a ``ModuleList`` of same-class modules, torchtitan's
+  transformer blocks) gets a compiled ``forward``; the strategy gathers each block's parameters as
+  one unit in hooks around it (``strategy.compile_units``), outside the compiled code. Identical
+  blocks share one graph;
+- the top-level module's ``forward`` is compiled too: what is outside the blocks (embeddings,
+  final norm, LM head) is one more unit, gathered by the module's own hooks, which run before its
+  compiled ``forward`` is entered, and released after it. The loss a model computes in its forward
+  (HF models with ``labels``, the bench GPT) is then in a graph, not eager ops over the logits;
+- the blocks' hooks are under ``torch.compiler.disable`` (as DeepSpeed's ``engine.compile`` keeps
+  its ZeRO-3 hooks out), so the top's graph breaks at each block call, and only there; the block
+  then runs its hooks and its own compiled forward. The saved-tensor hooks are disabled too (eager
+  code that compiled code calls would otherwise have them compiled as frames of their own).
+
+Dynamo cannot break a graph inside a loop: a frame that calls the blocks in a ``for`` loop is
+skipped whole (its own lines run eagerly, the functions it calls compile as frames of their own:
+the bench GPT's ``token_loss_sum``, a HF model's inner ``LlamaModel.forward``'s callees and the outer
+forward's head and loss after the inner call). ``compile_stats`` counts graphs, breaks (each once,
+when traced) and the skipped frames, so the report says which case a model is in. A hook on a
+module outside the blocks (not ours) keeps the top eager (scope "blocks"). Stages 0-2 put no hooks
+in the forward, so the whole module's ``forward`` is compiled, as DeepSpeed's ``engine.compile()``
+does. Memory at stage 3: the blocks' parameters are gathered and released per block as in eager;
+those outside the blocks stay gathered for the whole forward (docs/engine/zero.md).
 
 Only ``forward`` is replaced (an instance attribute; the class is untouched), so parameter names,
 ``state_dict`` keys and checkpoints stay as they were, and ``undo`` restores the module.
 
-Glossary: a *region* is a module whose ``forward`` runs compiled; a *graph break* is a place
-where dynamo stopped a graph and fell back to Python (counted by dynamo, read by ``compile_stats``).
+Glossary: a *region* is a module whose ``forward`` runs compiled; a *unit* is a module whose
+parameters stage 3 gathers as one; a *graph break* is a place where dynamo stopped a graph and fell
+back to Python (counted by dynamo, read by ``compile_stats``); a *skipped frame* is a function dynamo
+ran eagerly as a whole.
 
 In the engine: the ``compile`` config section (``enabled``, ``backend``, ``kwargs``) makes
 ``zero.initialize`` call ``engine.compile(backend, kwargs)``; ``engine.compile`` calls

@@ -119,22 +119,6 @@ class _GatheringParams(dict):
         self.coordinator._parameters_changed()
 
 
-def _returned_params(output) -> dict[int, torch.nn.Parameter]:
-    """The partitioned parameters among a module's outputs, looked for where DeepSpeed looks: the
-    output itself, the items of a list or tuple, the values of a dict, an object's attributes."""
-    if output is None:
-        return {}
-    if torch.is_tensor(output):
-        items = (output,)
-    elif isinstance(output, (list, tuple)):
-        items = output
-    elif isinstance(output, dict):
-        items = output.values()
-    else:
-        items = vars(output).values() if hasattr(output, "__dict__") else ()
-    return {id(item): item for item in items if getattr(item, "ds_state", None) is not None}
-
-
 def _own_partitioned(module: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in module.parameters(recurse=False) if P.is_partitioned(p)]
 
@@ -187,32 +171,29 @@ class ParamCoordinator:
 
     # ---- installation -----------------------------------------------------------------
     def install(self) -> None:
-        # ZeRO-3 leaf modules (utils/z3_leaf_module.py) are gathered whole, as units are; with a
-        # rest unit (use_units) the root gathers the leaves outside the units with the rest
+        # ZeRO-3 leaf modules (utils/z3_leaf_module.py) are gathered whole, as units are (outside
+        # the units, a rest unit gathers them with the rest: use_units)
         explicit = {id(unit) for unit in self._units}
-        leaves = [m for m in self.root.modules() if getattr(m, "_z3_leaf", False) and id(m) not in explicit]
-        if self._rest:
-            inside_units = {id(m) for unit in self._units for m in unit.modules()}
-            leaves = [leaf for leaf in leaves if id(leaf) in inside_units]
+        within = {id(m) for unit in self._units for m in unit.modules()}
+        leaves = [m for m in self.root.modules() if getattr(m, "_z3_leaf", False) and id(m) not in explicit
+                  and (id(m) in within or not self._rest)]
         units = self._units + leaves
         self._unit_ids = {id(unit) for unit in units}
         inside = {id(m) for unit in units for m in unit.modules() if m is not unit}
         if self._rest:   # everything outside the units belongs to the root's unit
-            inside |= {id(m) for m in self.root.modules()
-                       if m is not self.root and id(m) not in self._unit_ids and id(m) not in inside}
+            inside |= {id(m) for m in self.root.modules() if m is not self.root and id(m) not in within}
         self.leaves = [leaf for leaf in leaves if id(leaf) not in inside]
         for leaf in self.leaves:
             for p in leaf.parameters():
                 p.ds_z3_leaf_module = leaf
-        explicit_hooks = (torch.compiler.disable(self._before_module), torch.compiler.disable(self._after_module))
+        gated = (torch.compiler.disable(self._before_module), torch.compiler.disable(self._after_module))
         for module in self.root.modules():
             if id(module) in inside:
                 continue
             own = tuple(self._partitioned_of(module))
             if own:
                 self._own[id(module)] = own
-                before, after = (explicit_hooks if id(module) in explicit
-                                 else (self._before_module, self._after_module))
+                before, after = gated if id(module) in explicit else (self._before_module, self._after_module)
                 self._handles.append(module.register_forward_pre_hook(before))
                 self._handles.append(module.register_forward_hook(after))
                 if not (module is self.root and self._rest):   # the root's unit is gathered before any read
@@ -271,18 +252,15 @@ class ParamCoordinator:
 
     def use_units(self, units: list[torch.nn.Module], rest: bool = False) -> None:
         """Gather each of ``units`` as one module: the partitioned parameters of its whole tree
-        before its forward, released after it, and no hooks (nor gathering ``_parameters``)
-        inside it, where compiled code would trace them (compiling.py). Their hooks are kept out
-        of any compiled graph (``torch.compiler.disable``): a graph calling a unit breaks there.
-        ``rest``: the root is one more unit, of every partitioned parameter outside ``units``,
-        gathered by its own hooks (outside its compiled forward) and released after the forward;
-        no module outside ``units`` has hooks then. The recorded order starts again with the next
-        forward."""
+        before its forward, released after it, and no hooks (nor gathering ``_parameters``) inside
+        it, where compiled code would trace them (compiling.py); its hooks (and the saved-tensor
+        hooks) under ``torch.compiler.disable``: a graph calling a unit breaks there. ``rest``: the
+        root is one more unit, of the partitioned parameters outside ``units``, and no other module
+        has hooks. The recorded order starts again with the next forward."""
         self.remove()
         self._units, self._unit_ids = list(units), {id(unit) for unit in units}
         self._rest = rest
-        # eager code that compiled code calls runs with dynamo's frame hook on: a Python pack hook
-        # would be compiled as a frame of its own (and break on data_ptr), a cost at every save
+        # eager code under a compiled frame would have dynamo compile the pack hook as a frame
         self._saved_pair = (torch.compiler.disable(self._pack), torch.compiler.disable(self._unpack))
         self.trace, self.recorded, self.position = [], False, 0
         self._keep, self._positions, self._index_of = set(), {}, {}
@@ -405,7 +383,7 @@ class ParamCoordinator:
     def _after_module(self, module, args, output):
         # a parameter the module returns is used by whoever called it (DeepSpeed's "external
         # parameter"): gathered, it belongs to the enclosing running module now (or to the root)
-        handed_on = _returned_params(output)
+        handed_on = P.returned_params(output)
         if handed_on:
             self.fetch(list(handed_on.values()))
         for p in self._frames.pop() if self._frames else ():
