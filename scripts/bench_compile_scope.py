@@ -8,7 +8,7 @@ all rounds (the minimum: least disturbed by other load), the process CPU ms per 
 counts (graphs, breaks, recompiles, skipped frames), then one JSON line.
 
     python scripts/bench_compile_scope.py                     # blocks vs blocks_and_top
-    python scripts/bench_compile_scope.py --width 64 --rounds 5
+    python scripts/bench_compile_scope.py --model llama --rounds 5
 """
 from __future__ import annotations
 
@@ -34,8 +34,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--vocab", type=int, default=512)
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--backend", default="aot_eager")
+    p.add_argument("--model", choices=("gpt", "llama"), default="gpt",
+                   help="llama: a Hugging Face LlamaForCausalLM of the same shape, loss from labels")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     return p.parse_args(argv)
+
+
+def build(args):
+    """The bench GPT, or a Llama of its shape."""
+    if args.model == "llama":
+        import transformers
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            vocab_size=args.vocab, hidden_size=args.width, intermediate_size=4 * args.width,
+            num_hidden_layers=args.layers, num_attention_heads=4, max_position_embeddings=args.seq + 1))
+    from tests.helpers.gpt import GPT, GPTConfig
+    return GPT(GPTConfig(n_layer=args.layers, n_embd=args.width, n_head=4, seq_len=args.seq, vocab_size=args.vocab))
 
 
 def worker(args) -> dict:
@@ -43,10 +56,9 @@ def worker(args) -> dict:
     import torch
     from launcher import zero
     from launcher.zero.engine.compiling import CompileSettings, compile_for_strategy, compile_stats
-    from tests.helpers.gpt import GPT, GPTConfig
 
     torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=args.layers, n_embd=args.width, n_head=4, seq_len=args.seq, vocab_size=args.vocab))
+    model = build(args)
     config = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 3},
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "steps_per_print": 10**9}
     engine, _, _, _ = zero.initialize(model=model, config=config)
@@ -55,7 +67,8 @@ def worker(args) -> dict:
     wall, cpu = [], []
     for index in range(args.warmup + args.steps):
         started, started_cpu = time.perf_counter(), time.process_time()
-        loss = engine(tokens[:, :-1], tokens[:, 1:])
+        loss = (engine(tokens[:, :-1], tokens[:, 1:]) if args.model == "gpt"
+                else engine(input_ids=tokens, labels=tokens).loss)
         engine.backward(loss)
         engine.step()
         if index >= args.warmup:

@@ -225,7 +225,8 @@ def describe(compiled: Compiled) -> str:
     if compiled.scope == "module":
         return "the whole module compiled"
     blocks = len(compiled.regions) - (compiled.scope == "blocks_and_top")
-    top = (", and the module's forward around them (a graph break at each block)"
+    top = (", and the module's forward around them (its graphs break at block calls; a loop over "
+           "the blocks runs eagerly: compile_stats)"
            if compiled.scope == "blocks_and_top" else "")
     return f"{blocks} blocks compiled{top}"
 
