@@ -130,8 +130,9 @@ def format_details(results: list[dict]) -> str:
                 for p in ("forward", "backward", "step")))
         if "compile" in r:
             c = r["compile"]
-            parts.append(f"graphs {c['unique_graphs']} breaks {c['graph_breaks']} recompiles {c['recompiles']} "
-                         f"first step {r.get('first_step_s', 0):.1f}s")
+            skipped = f" frames skipped {c['frames_skipped']}" if c.get("frames_skipped") else ""
+            parts.append(f"graphs {c['unique_graphs']} breaks {c['graph_breaks']} recompiles {c['recompiles']}"
+                         f"{skipped} first step {r.get('first_step_s', 0):.1f}s")
         if "bytes" in r:
             b = r["bytes"]
             parts.append("B/param host rss {0} (peak {1}) tensors {2}+{3} pinned, gpu {4} (peak {5})".format(

@@ -6,7 +6,8 @@ training step (forward, backward, clip, optimizer) and returns the loss tensor; 
 is queued (bench_worker.py times the phases with them). A variant that cannot run here
 raises Unavailable with the reason. ``*_compile`` variants run torch.compile
 (``settings.compile_backend``): whole model for plain, DeepSpeed and our stages 0-2, per
-transformer block (torchtitan's way) for FSDP2 and our stage 3.
+transformer block (torchtitan's way) for FSDP2, per block and the forward around them for our
+stage 3 (launcher/zero/engine/compiling.py).
 """
 from __future__ import annotations
 
@@ -224,7 +225,7 @@ def ours(stage: int, offload: bool = False, overlap: bool = False, compiled: boo
          offload_param: bool = False, fp32: bool = False, trace: bool | None = None, torch_pinned: bool = False,
          bf16_states: bool = False, nvme: bool = False, ratio: float = 1.0):
     """Our engine, launcher.zero, at a stage (with optimizer offload to CPU if asked; compiled:
-    the whole module at stages 0-2, per block at stage 3; fp32: bf16 off; trace True/False: the inf/NaN
+    the whole module at stages 0-2, per block and the top at stage 3; fp32: bf16 off; trace True/False: the inf/NaN
     trace, ``non_finite.trace`` (off by default), on/off; torch_pinned: see torch_pinned_host_buffers;
     bf16_states, nvme: see engine_config)."""
 

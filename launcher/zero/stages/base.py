@@ -217,7 +217,8 @@ class ZeroStrategy(ABC):
     overlap = None
 
     #: ``engine.compile()``: a strategy that gathers parameters in hooks (stage 3) defines
-    #: ``compile_units(blocks)`` to gather each block's parameters as one around its compiled forward;
+    #: ``compile_units(blocks, rest)`` to gather each block's parameters as one around its compiled
+    #: forward (``rest``: and the parameters outside the blocks as one around the module's);
     #: None: the module compiles as the compile settings say
     compile_units = None
 

@@ -55,7 +55,7 @@ ALLOWED = {
     "zero/pipeline/stage_strategy.py: getattr(param, 'tensor_model_parallel')": ON_PARAMETER,
     "zero/stages/stage3/coordinator.py: getattr(value, 'ds_state')": ON_PARAMETER + " (or any forward output)",
     "zero/stages/stage3/coordinator.py: getattr(tensor, 'ds_state')": ON_PARAMETER,
-    "zero/stages/stage3/coordinator.py: getattr(item, 'ds_state')": ON_PARAMETER + " (or any forward output)",
+    "zero/stages/stage3/params.py: getattr(item, 'ds_state')": ON_PARAMETER + " (or any forward output)",
     "zero/stages/stage3/coordinator.py: getattr(p, 'ds_state')": ON_PARAMETER,
     "zero/stages/stage3/init_context.py: getattr(p, 'ds_after_modify')": ON_PARAMETER,
     "zero/stages/stage3/params.py: getattr(param, 'ds_state')": ON_PARAMETER,

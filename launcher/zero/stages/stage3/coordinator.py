@@ -119,22 +119,6 @@ class _GatheringParams(dict):
         self.coordinator._parameters_changed()
 
 
-def _returned_params(output) -> dict[int, torch.nn.Parameter]:
-    """The partitioned parameters among a module's outputs, looked for where DeepSpeed looks: the
-    output itself, the items of a list or tuple, the values of a dict, an object's attributes."""
-    if output is None:
-        return {}
-    if torch.is_tensor(output):
-        items = (output,)
-    elif isinstance(output, (list, tuple)):
-        items = output
-    elif isinstance(output, dict):
-        items = output.values()
-    else:
-        items = vars(output).values() if hasattr(output, "__dict__") else ()
-    return {id(item): item for item in items if getattr(item, "ds_state", None) is not None}
-
-
 def _own_partitioned(module: torch.nn.Module) -> list[torch.nn.Parameter]:
     return [p for p in module.parameters(recurse=False) if P.is_partitioned(p)]
 
@@ -182,28 +166,38 @@ class ParamCoordinator:
         self._lifted = False          # our saved-tensor hooks are off the stack (a top-level read)
         self._lifted_this_forward = False
         self._unit_ids: set[int] = set()
+        self._rest = False            # the root gathers what is outside _units as one (use_units)
+        self._saved_pair = (self._pack, self._unpack)   # the saved-tensor hooks (use_units: dynamo-proof)
 
     # ---- installation -----------------------------------------------------------------
     def install(self) -> None:
-        # ZeRO-3 leaf modules (utils/z3_leaf_module.py) are gathered whole, as units are
+        # ZeRO-3 leaf modules (utils/z3_leaf_module.py) are gathered whole, as units are (outside
+        # the units, a rest unit gathers them with the rest: use_units)
         explicit = {id(unit) for unit in self._units}
-        leaves = [m for m in self.root.modules() if getattr(m, "_z3_leaf", False) and id(m) not in explicit]
+        within = {id(m) for unit in self._units for m in unit.modules()}
+        leaves = [m for m in self.root.modules() if getattr(m, "_z3_leaf", False) and id(m) not in explicit
+                  and (id(m) in within or not self._rest)]
         units = self._units + leaves
         self._unit_ids = {id(unit) for unit in units}
         inside = {id(m) for unit in units for m in unit.modules() if m is not unit}
+        if self._rest:   # everything outside the units belongs to the root's unit
+            inside |= {id(m) for m in self.root.modules() if m is not self.root and id(m) not in within}
         self.leaves = [leaf for leaf in leaves if id(leaf) not in inside]
         for leaf in self.leaves:
             for p in leaf.parameters():
                 p.ds_z3_leaf_module = leaf
+        gated = (torch.compiler.disable(self._before_module), torch.compiler.disable(self._after_module))
         for module in self.root.modules():
             if id(module) in inside:
                 continue
             own = tuple(self._partitioned_of(module))
             if own:
                 self._own[id(module)] = own
-                self._handles.append(module.register_forward_pre_hook(self._before_module))
-                self._handles.append(module.register_forward_hook(self._after_module))
-                module._parameters = _GatheringParams(module._parameters, self)
+                before, after = gated if id(module) in explicit else (self._before_module, self._after_module)
+                self._handles.append(module.register_forward_pre_hook(before))
+                self._handles.append(module.register_forward_hook(after))
+                if not (module is self.root and self._rest):   # the root's unit is gathered before any read
+                    module._parameters = _GatheringParams(module._parameters, self)
         self._handles.append(self.root.register_forward_pre_hook(self._before_root, prepend=True))
         self._handles.append(self.root.register_forward_hook(self._after_root, always_call=True))
 
@@ -230,13 +224,13 @@ class ParamCoordinator:
     def _lift_saved_hooks(self) -> None:
         """Take our saved-tensor hooks off the stack if they are on top (module docstring)."""
         top = torch._C._autograd._top_saved_tensors_default_hooks(True)
-        if self._saved_hooks is None or top is None or top[0] != self._pack:
+        if self._saved_hooks is None or top is None or top[0] != self._saved_pair[0]:
             return
         torch._C._autograd._pop_saved_tensors_default_hooks()
         self._lifted = self._lifted_this_forward = True
 
     def _restore_saved_hooks(self) -> None:
-        torch._C._autograd._push_saved_tensors_default_hooks(self._pack, self._unpack)
+        torch._C._autograd._push_saved_tensors_default_hooks(*self._saved_pair)
         self._lifted = False
 
     # ---- caches ---------------------------------------------------------------------------
@@ -249,17 +243,25 @@ class ParamCoordinator:
 
     def _partitioned_of(self, module) -> list[torch.nn.Parameter]:
         """The partitioned parameters a module's hooks gather: its own, or a unit's whole tree's."""
+        if module is self.root and self._rest:
+            inside = {id(p) for unit in self._units for p in unit.parameters()}
+            return list(dict.fromkeys(p for p in module.parameters() if P.is_partitioned(p) and id(p) not in inside))
         if id(module) in self._unit_ids:
             return list(dict.fromkeys(p for p in module.parameters() if P.is_partitioned(p)))
         return _own_partitioned(module)
 
-    def use_units(self, units: list[torch.nn.Module]) -> None:
+    def use_units(self, units: list[torch.nn.Module], rest: bool = False) -> None:
         """Gather each of ``units`` as one module: the partitioned parameters of its whole tree
-        before its forward, released after it, and no hooks (nor gathering ``_parameters``)
-        inside it, where compiled code would trace them (compiling.py). The recorded order
-        starts again with the next forward."""
+        before its forward, released after it, and no hooks (nor gathering ``_parameters``) inside
+        it, where compiled code would trace them (compiling.py); its hooks (and the saved-tensor
+        hooks) under ``torch.compiler.disable``: a graph calling a unit breaks there. ``rest``: the
+        root is one more unit, of the partitioned parameters outside ``units``, and no other module
+        has hooks. The recorded order starts again with the next forward."""
         self.remove()
         self._units, self._unit_ids = list(units), {id(unit) for unit in units}
+        self._rest = rest
+        # eager code under a compiled frame would have dynamo compile the pack hook as a frame
+        self._saved_pair = (torch.compiler.disable(self._pack), torch.compiler.disable(self._unpack))
         self.trace, self.recorded, self.position = [], False, 0
         self._keep, self._positions, self._index_of = set(), {}, {}
         self._parameters_changed()
@@ -333,7 +335,7 @@ class ParamCoordinator:
         self.position = 0
         self._frontier = 0
         self._running: list[int] = []
-        self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(*self._saved_pair)
         self._saved_hooks.__enter__()
         self._lifted = self._lifted_this_forward = False
         self._frames.clear()   # a recomputation in the last backward may have left some
@@ -381,7 +383,7 @@ class ParamCoordinator:
     def _after_module(self, module, args, output):
         # a parameter the module returns is used by whoever called it (DeepSpeed's "external
         # parameter"): gathered, it belongs to the enclosing running module now (or to the root)
-        handed_on = _returned_params(output)
+        handed_on = P.returned_params(output)
         if handed_on:
             self.fetch(list(handed_on.values()))
         for p in self._frames.pop() if self._frames else ():

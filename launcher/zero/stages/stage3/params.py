@@ -190,3 +190,19 @@ def full_numel(param: torch.Tensor) -> int:
 
 def full_shape(param: torch.Tensor) -> torch.Size:
     return param.ds_state.shape if is_partitioned(param) else param.shape
+
+
+def returned_params(output) -> dict[int, torch.nn.Parameter]:
+    """The partitioned parameters among a module's outputs, looked for where DeepSpeed looks: the
+    output itself, the items of a list or tuple, the values of a dict, an object's attributes."""
+    if output is None:
+        return {}
+    if torch.is_tensor(output):
+        items = (output,)
+    elif isinstance(output, (list, tuple)):
+        items = output
+    elif isinstance(output, dict):
+        items = output.values()
+    else:
+        items = vars(output).values() if hasattr(output, "__dict__") else ()
+    return {id(item): item for item in items if getattr(item, "ds_state", None) is not None}

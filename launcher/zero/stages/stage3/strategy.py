@@ -405,9 +405,10 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
         if self.nvme is not None:
             self.nvme_feed.close()
 
-    def compile_units(self, blocks: list[torch.nn.Module]) -> None:
-        """``engine.compile()``: gather each block's parameters as one, around its compiled forward."""
-        self.coordinator.use_units(blocks)
+    def compile_units(self, blocks: list[torch.nn.Module], rest: bool = False) -> None:
+        """``engine.compile()``: gather each block's parameters as one, around its compiled forward;
+        ``rest``: and everything outside the blocks as one, around the module's compiled forward."""
+        self.coordinator.use_units(blocks, rest=rest)
 
     def full_shapes(self) -> dict[str, tuple[int, ...]]:
         return self.param_shapes
