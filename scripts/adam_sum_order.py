@@ -26,6 +26,12 @@ from (step, micro-batch), so a reversed step draws each image's masks as the for
 the orders still differ only in rounding. Adam's first update is lr x m / (sqrt(v) + eps) =
 lr x sign(g) wherever |g| >> eps, whatever g's size: a gradient that sums to nearly zero turns its
 rounding into a full step of lr. The report counts such gradients (|g| < 1e-6 x the largest).
+
+``--grad-noise EPS`` perturbs every micro-batch gradient by a relative EPS, to see what size of
+gradient difference a given loss gap needs; ``--save-weights`` keeps the weights after step 1 to
+count the updates two runs took in opposite directions. On GPUs (``--backend nccl``, one GPU a rank)
+``--cudnn-strict`` turns off TF32 convolutions (torch's default for cuDNN) and nondeterministic
+cuDNN algorithms, to tell the GPU's own rounding from an engine difference.
 """
 from __future__ import annotations
 
@@ -53,6 +59,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--grad-noise", type=float, default=0.0, metavar="EPS",
                    help="multiply every micro-batch gradient by 1 + EPS x N(0, 1), fixed per (step, micro-batch, "
                         "parameter): how much a rounding-sized change in the gradients moves the later losses")
+    p.add_argument("--save-weights", default=None, metavar="PATH",
+                   help="rank 0 writes every weight after the first step, flat, to PATH (torch.save; 228 MB at AlexNet)")
+    p.add_argument("--backend", default="gloo", help="nccl on GPUs")
+    p.add_argument("--cudnn-strict", action="store_true",
+                   help="GPU only: cuDNN convolutions in true fp32 (no TF32) and deterministic (torch's defaults: "
+                        "TF32 on, algorithms free), to tell GPU rounding from an engine difference")
     p.add_argument("--report", required=True)
     return p.parse_args()
 
@@ -106,12 +118,15 @@ def train(args: argparse.Namespace) -> dict:
             where.update(step=step, micro=micro)
             if args.dropout > 0:
                 torch.manual_seed(1138 * 1000 + step * args.gas + micro)   # each image's masks, whatever the order
+            images, labels = images.to(engine.device), labels.to(engine.device)
             loss = torch.nn.functional.cross_entropy(engine(images), labels)
             engine.backward(loss)
             if micro == order[-1] and step == 0:
                 near_zero = count_near_zero(net)
             engine.step()
             step_losses[micro] = loss.item()
+        if step == 0 and args.save_weights and rank == 0:
+            torch.save(torch.cat([p.detach().reshape(-1).cpu() for p in net.parameters()]), args.save_weights)
         losses.append([step_losses[m] for m in range(args.gas)])   # in micro-batch order, whatever the feed
     return {"losses": losses, "near_zero_grads": near_zero}
 
@@ -119,7 +134,9 @@ def train(args: argparse.Namespace) -> dict:
 def main() -> None:
     args = parse_args()
     import deepspeed
-    deepspeed.init_distributed(dist_backend="gloo")
+    deepspeed.init_distributed(dist_backend=args.backend)
+    if args.cudnn_strict:   # on a GPU: no TF32 convolutions, deterministic cuDNN algorithms
+        torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic = False, True
     mine = train(args)
     ranks = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(ranks, mine["losses"])
@@ -129,7 +146,8 @@ def main() -> None:
             size = np.load(args.inputs, mmap_mode="r").shape[-1] if args.inputs else args.size
             json.dump({"engine": engine, "order": args.order, "world": len(ranks), "size": size,
                        "inputs": os.path.basename(args.inputs or "randn"), "dropout": args.dropout,
-                       "grad_noise": args.grad_noise,
+                       "grad_noise": args.grad_noise, "device": "cuda" if torch.cuda.is_available() else "cpu",
+                       "cudnn_strict": args.cudnn_strict,
                        "ranks": ranks, "near_zero_grads": mine["near_zero_grads"]}, f, indent=1)
     torch.distributed.destroy_process_group()
 
