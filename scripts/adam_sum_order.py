@@ -17,6 +17,7 @@ reversed:
     dslaunch --as-deepspeed --num_gpus 2 --no_local_rank scripts/adam_sum_order.py --report ours.json
     python scripts/adam_sum_order.py --compare ds-forward.json ds-reverse.json ours.json ours-reverse.json
     python scripts/adam_sum_order.py --gap ds-noise.json ds-forward.json     # any two reports
+    python scripts/adam_sum_order.py --flips ds-weights.pt ours-weights.pt   # two --save-weights files
 
 Inputs: fixed ``randn`` images of ``--size`` (the default), or ``--inputs FILE.npy`` from
 ``scripts/cifar_like_images.py`` (32 x 32 images through the example's Resize(256) and
@@ -207,11 +208,25 @@ def one_gap(first: str, second: str) -> None:
           f"{b.get('grad_noise', 0)}: step-2 printed loss {printed:.1e}, largest over steps 2+ {worst:.1e}")
 
 
+def flips(first: str, second: str) -> None:
+    """Two --save-weights files against each other and against the initial weights (seed 1138)."""
+    from alexnet_data_path import alexnet_shaped
+    torch.manual_seed(1138)
+    start = torch.cat([p.detach().reshape(-1) for p in alexnet_shaped().parameters()])
+    a, b = torch.load(first), torch.load(second)
+    gap = (a - b).abs()
+    turned = int(((a - start) * (b - start) < 0).sum())
+    print(f"{first} vs {second}: {int((gap > 0).sum())} of {gap.numel()} weights differ, by at most "
+          f"{gap.max():.2e} (lr 1e-3); {turned} step-1 updates in opposite directions")
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 6 and sys.argv[1] == "--compare":
         compare(*sys.argv[2:])
     elif len(sys.argv) == 4 and sys.argv[1] == "--gap":
         one_gap(*sys.argv[2:])
+    elif len(sys.argv) == 4 and sys.argv[1] == "--flips":
+        flips(*sys.argv[2:])
     else:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         main()
