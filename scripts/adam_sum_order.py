@@ -60,6 +60,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--grad-noise", type=float, default=0.0, metavar="EPS",
                    help="multiply every micro-batch gradient by 1 + EPS x N(0, 1), fixed per (step, micro-batch, "
                         "parameter): how much a rounding-sized change in the gradients moves the later losses")
+    p.add_argument("--conv-tf32", choices=("off", "round", "truncate"), default="off",
+                   help="CPU stand-in for a GPU's TF32 convolutions: round (to nearest) or truncate every "
+                        "convolution's input and weight to TF32's 10-bit mantissa, forward and backward")
+    p.add_argument("--no-mkldnn", action="store_true",
+                   help="CPU: convolutions by torch's own im2col + GEMM instead of oneDNN; the same fp32 "
+                        "mathematics by another algorithm, as a GPU's cuDNN may pick another")
     p.add_argument("--save-weights", default=None, metavar="PATH",
                    help="rank 0 writes every weight after the first step, flat, to PATH (torch.save; 228 MB at AlexNet)")
     p.add_argument("--backend", default="gloo", help="nccl on GPUs")
@@ -102,6 +108,8 @@ def train(args: argparse.Namespace) -> dict:
     rank = torch.distributed.get_rank()
     torch.manual_seed(1138)
     net = alexnet_shaped(dropout=args.dropout)
+    if args.conv_tf32 != "off":
+        as_tf32_convolutions(net, args.conv_tf32)
     config = {"train_micro_batch_size_per_gpu": args.micro, "gradient_accumulation_steps": args.gas,
               "optimizer": {"type": "Adam", "params": {"lr": 0.001, "betas": [0.9, 0.999], "eps": 1e-8}},
               "steps_per_print": 1000}
@@ -138,6 +146,8 @@ def main() -> None:
     deepspeed.init_distributed(dist_backend=args.backend)
     if args.cudnn_strict:   # on a GPU: no TF32 convolutions, deterministic cuDNN algorithms
         torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic = False, True
+    if args.no_mkldnn:
+        torch.backends.mkldnn.enabled = False
     mine = train(args)
     ranks = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(ranks, mine["losses"])
@@ -148,9 +158,28 @@ def main() -> None:
             json.dump({"engine": engine, "order": args.order, "world": len(ranks), "size": size,
                        "inputs": os.path.basename(args.inputs or "randn"), "dropout": args.dropout,
                        "grad_noise": args.grad_noise, "device": "cuda" if torch.cuda.is_available() else "cpu",
-                       "cudnn_strict": args.cudnn_strict,
+                       "cudnn_strict": args.cudnn_strict, "conv_tf32": args.conv_tf32,
+                       "no_mkldnn": args.no_mkldnn,
                        "ranks": ranks, "near_zero_grads": mine["near_zero_grads"]}, f, indent=1)
     torch.distributed.destroy_process_group()
+
+
+def to_tf32(x: torch.Tensor, mode: str) -> torch.Tensor:
+    """x with its mantissa cut to TF32's 10 bits (to nearest, ties up, or toward zero); gradients pass straight."""
+    bits = x.detach().view(torch.int32)
+    if mode == "round":
+        bits = bits + 0x1000
+    cut = (bits & ~0x1FFF).view(torch.float32)
+    return x + (cut - x).detach()
+
+
+def as_tf32_convolutions(net: torch.nn.Module, mode: str) -> None:
+    """Every Conv2d computes on TF32-cut input and weight (its saved tensors for the backward too)."""
+    for module in net.modules():
+        if isinstance(module, torch.nn.Conv2d):
+            def forward(x: torch.Tensor, conv: torch.nn.Conv2d = module) -> torch.Tensor:
+                return conv._conv_forward(to_tf32(x, mode), to_tf32(conv.weight, mode), conv.bias)
+            module.forward = forward
 
 
 def add_grad_noise(net: torch.nn.Module, eps: float, where: dict, seed: int) -> None:
@@ -204,8 +233,10 @@ def one_gap(first: str, second: str) -> None:
     """The gap between any two reports (for instance a --grad-noise run and its plain twin)."""
     a, b = (json.load(open(path)) for path in (first, second))
     printed, worst = gap(a, b)
-    print(f"{a['engine']} {a['order']} noise {a.get('grad_noise', 0)} vs {b['engine']} {b['order']} noise "
-          f"{b.get('grad_noise', 0)}: step-2 printed loss {printed:.1e}, largest over steps 2+ {worst:.1e}")
+    def name(run: dict) -> str:
+        return (f"{run['engine']} {run['order']} noise {run.get('grad_noise', 0)} conv-tf32 "
+                f"{run.get('conv_tf32', 'off')} no-mkldnn {run.get('no_mkldnn', False)}")
+    print(f"{name(a)} vs {name(b)}: step-2 printed loss {printed:.1e}, largest over steps 2+ {worst:.1e}")
 
 
 def flips(first: str, second: str) -> None:
