@@ -28,11 +28,13 @@ the orders still differ only in rounding. Adam's first update is lr x m / (sqrt(
 lr x sign(g) wherever |g| >> eps, whatever g's size: a gradient that sums to nearly zero turns its
 rounding into a full step of lr. The report counts such gradients (|g| < 1e-6 x the largest).
 
-``--grad-noise EPS`` perturbs every micro-batch gradient by a relative EPS, to see what size of
-gradient difference a given loss gap needs; ``--save-weights`` keeps the weights after step 1 to
-count the updates two runs took in opposite directions. On GPUs (``--backend nccl``, one GPU a rank)
-``--cudnn-strict`` turns off TF32 convolutions (torch's default for cuDNN) and nondeterministic
-cuDNN algorithms, to tell the GPU's own rounding from an engine difference.
+``--grad-noise EPS`` perturbs every micro-batch gradient by a relative EPS, ``--no-mkldnn`` computes
+the convolutions by another fp32 algorithm and ``--conv-tf32`` cuts their operands to TF32, to see
+what kind of difference a given loss gap needs; ``--save-weights`` keeps the weights after step 1
+and ``--flips`` counts the updates two runs took in opposite directions. On GPUs (``--backend
+nccl``, one GPU a rank) ``--cudnn-strict`` turns off TF32 convolutions (torch's default for cuDNN)
+and nondeterministic cuDNN algorithms, to tell the GPU's own rounding from an engine difference.
+Findings: benchmarks/RESULTS.md, "2026-12-07 afternoon: issue 41 item 5".
 """
 from __future__ import annotations
 
