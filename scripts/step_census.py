@@ -3,7 +3,7 @@
 estimated bytes read and written, beside plain PyTorch's step (clip + fused AdamW + zero_grad).
 
     python scripts/step_census.py --tiny                                 # CPU: plain, zero0-3 (bf16)
-    python scripts/step_census.py --tiny --variants zero2 --fp16         # fp16 (loss scaling) instead
+    python scripts/step_census.py --tiny --variants zero2 --precision fp16   # loss scaling instead
     python scripts/step_census.py --variants plain,zero1,zero2           # the 406M GPT on the GPU
     python scripts/step_census.py --model llama --llama tiny --tiny
 
@@ -214,11 +214,11 @@ def _ensure_rendezvous() -> None:
         os.environ.setdefault(key, value)
 
 
-def build_step(name: str, module, settings, fp16: bool):
+def build_step(name: str, module, settings, precision: str):
     """The variant's step (bench_variants.VARIANTS). Our plain ``zeroN`` variants are built here from
     the same engine_config, so that they step torch's fused AdamW on the CPU too (the factory
-    fuses it by itself only on CUDA: the CPU census then follows the GPU's path); ``fp16``: fp16
-    (loss scaling) instead of bf16."""
+    fuses it by itself only on CUDA: the CPU census then follows the GPU's path); ``precision``
+    "fp16" (loss scaling) or "fp32" instead of "bf16"."""
     from bench_variants import VARIANTS, _engine_step, engine_config
 
     if not (name[:4] == "zero" and name[4:].isdigit()):
@@ -227,8 +227,9 @@ def build_step(name: str, module, settings, fp16: bool):
 
     config = engine_config(int(name[4:]), False, settings)
     config["optimizer"]["params"]["fused"] = True
-    if fp16:
+    if precision != "bf16":
         config["bf16"] = {"enabled": False}
+    if precision == "fp16":
         config["fp16"] = {"enabled": True, "initial_scale_power": 8}
     engine, _, _, _ = zero.initialize(model=module, config=config)
     return _engine_step(engine)
@@ -277,14 +278,14 @@ def run_variant(name: str, args, device: torch.device) -> dict:
     params = sum(p.numel() for p in built.module.parameters() if p.requires_grad)
     settings = Settings(batch=args.batch, device=device, grad_clip=args.grad_clip,
                         compile_backend=args.compile_backend)
-    step = build_step(name, built.module, settings, args.fp16)
+    step = build_step(name, built.module, settings, args.precision)
     gen = torch.Generator(device=device).manual_seed(1)
     batches = []
     for _ in range(3):
         tokens = torch.randint(0, built.vocab_size, (args.batch, built.seq_len + 1), device=device, generator=gen)
         batches.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
     records, profiled = census_of(step, batches, args.warmup, device)
-    label = name + (" fp16" if args.fp16 and name.startswith("zero") else "")
+    label = name + (f" {args.precision}" if args.precision != "bf16" and name.startswith("zero") else "")
     summary = summarize(label, records, params)
     print(format_summary(summary, args.rows), flush=True)
     for r in records:
@@ -308,7 +309,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--variants", default="plain,zero0,zero1,zero2,zero3")
     add_model_args(p)
-    p.add_argument("--fp16", action="store_true", help="our variants with fp16 (loss scaling) instead of bf16")
+    p.add_argument("--precision", choices=("bf16", "fp16", "fp32"), default="bf16",
+                   help="our zeroN variants' precision (fp16: with loss scaling)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--compile-backend", default="inductor")
