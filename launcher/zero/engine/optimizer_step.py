@@ -10,6 +10,19 @@ engine's stage is one too, pipeline/stage_strategy.py). What decides is here, on
 ``unscale_and_clip_factor``), which thread runs the optimizer (``step_optimizer``), the fp16 loss
 scaler's update, and the counters. ``ZeroEngine.step`` and ``PipelineEngine.train_batch`` call
 ``take_model_step``; the optimizer ``initialize`` hands out calls ``update_parameters``.
+
+Why the passes over the gradients come in this order (issue 39; scripts/step_census.py counts
+them, tests/unit/zero/test_step_passes.py holds them). With 16-bit gradients, fp32 masters on the
+device and torch's fused Adam/AdamW, the norm reads the 16-bit gradients as accumulated (2 bytes
+an element on a GPU, whose norm kernel reads 16 bits into float32 sums; the CPU's casts first and
+gives the very bits of the fp32 copy's norm, a GPU's may sum in another order, a last-bit
+difference); the factor then exists, so the cast to fp32 divides by it as it writes
+(``cast_master_grads``, 2 + 4 bytes) and the fused kernel steps without a ``grad_scale`` (28
+bytes; with one it also writes the gradients back, 4 more). Casting first and handing the factor
+to the kernel read the fp32 copy in the norm and wrote it back in the kernel: 50 bytes a
+parameter against 44 (masters into the 16-bit weights and the buffer's zeroing included), the
+same numbers either way. fp32 gradients need no cast: the kernel takes the factor
+(optim/step_factor.py). Another optimizer gets the cast first and a separate multiply.
 """
 from __future__ import annotations
 
@@ -18,7 +31,7 @@ from typing import Callable
 
 import torch
 
-from launcher.zero.optim.step_factor import factor_in_kernel, fuses_grad_factor
+from launcher.zero.optim.step_factor import factor_in_kernel, fuses_grad_factor, grad_scale_of
 from launcher.zero.precision.loss_scaler import LossScaler
 from launcher.zero.stages.base import DeviceNorm, ZeroStrategy, unscale_and_clip_factor
 
@@ -74,7 +87,9 @@ def update_parameters(strategy: ZeroStrategy, optimizer: torch.optim.Optimizer, 
     """DeepSpeed's ZeRO optimizer ``step()``. The gradients are dropped either way; ``step`` (the
     global step so far) names a skipped step in ``log``'s message."""
     strategy.wait_for_step()             # the previous step's background update (overlap_step)
-    strategy.prepare_master_grads()      # masters get fp32 grads, averaged over ranks, times the loss scale
+    # masters get fp32 grads, averaged over ranks, times the loss scale; a 16-bit -> fp32 cast waits
+    # for the factor where torch's fused Adam steps them (see the module docstring)
+    strategy.prepare_master_grads(defer_cast=fuses_grad_factor(optimizer, strategy.masters_on_device))
     scale = float(scaler.scale) if scaler is not None else 1.0
     norm = global_norm(strategy, scale, on_device=norm_stays_on_device(strategy, rules))
     if rules.skips_non_finite and norm == float("inf"):
@@ -115,8 +130,11 @@ def step_optimizer(strategy: ZeroStrategy, optimizer: torch.optim.Optimizer, fac
     strategy's overlap worker thread runs it and the rest; any other optimizer runs in this
     thread after a pass of its own over the grads."""
     if fuses_grad_factor(optimizer, strategy.masters_on_device):
-        with factor_in_kernel(optimizer, factor, device):
-            optimizer.step()                      # this thread
+        if strategy.cast_master_grads(grad_scale_of(factor, device)):
+            optimizer.step()                      # this thread; the cast applied the factor
+        else:
+            with factor_in_kernel(optimizer, factor, device):
+                optimizer.step()                  # this thread
     elif strategy.overlap is not None:
         strategy.scale_master_grads(factor)
         strategy.start_background_step(optimizer)  # the worker thread steps, writes the model, drops the grads

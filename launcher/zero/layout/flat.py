@@ -74,6 +74,13 @@ class GradBuffer:
     When the accumulation dtype differs from the parameter dtype the views cannot be used as
     ``.grad`` (autograd wants the parameter's dtype); then ``absorb`` adds ``param.grad`` in and
     drops it.
+
+    No zeroing pass per step (issue 39): ``zero`` marks every slot unwritten and drops the
+    ``.grad`` views, so the next backward hands each parameter a fresh gradient, which ``absorb``
+    copies into its view (read 2 + write 2 bytes an element, where zeroing and autograd's add
+    into the view cost 2 + 6); from then on the view is ``.grad`` again and autograd adds into
+    it. ``settle`` zeroes what no gradient reached before anything reads the buffer; the padding
+    between slots is never written and stays zero.
     """
 
     def __init__(self, group: ParamGroup, device: torch.device, dtype: torch.dtype):
@@ -81,13 +88,17 @@ class GradBuffer:
         self.buffer = torch.zeros(group.layout.padded_numel, dtype=dtype, device=device)
         self.views = [self.buffer[s.offset:s.end].view(s.shape) for s in group.layout.slots]
         self.as_grad = all(p.dtype == dtype for p in group.params)
+        self.unwritten: set[int] = set()   # slots holding no gradient since zero(): stale values
         self.attach()
 
     def attach(self) -> None:
-        """(Re)point every param.grad at its view (a user's zero_grad(set_to_none) drops them)."""
+        """(Re)point every written slot's param.grad at its view (a user's zero_grad(set_to_none)
+        drops them); an unwritten slot's param.grad stays as backward leaves it."""
         if not self.as_grad:
             return
-        for param, view in zip(self.group.params, self.views):
+        for index, (param, view) in enumerate(zip(self.group.params, self.views)):
+            if index in self.unwritten:
+                continue
             if param.grad is None or param.grad.data_ptr() != view.data_ptr():
                 if param.grad is not None:
                     view.add_(param.grad)
@@ -97,11 +108,28 @@ class GradBuffer:
         """Make sure parameter ``index``'s gradient is in the buffer (called from its grad hook)."""
         param, view = self.group.params[index], self.views[index]
         grad = param.grad
-        if grad is None or grad.data_ptr() == view.data_ptr():
+        if index in self.unwritten:
+            if grad is None:   # no gradient this backward: the slot stays unwritten
+                return
+            self.unwritten.discard(index)
+            view.copy_(grad)
+        elif grad is None or grad.data_ptr() == view.data_ptr():
             return
-        view.add_(grad)
+        else:
+            view.add_(grad)
         param.grad = view if self.as_grad else None
 
+    def settle(self, first: int = 0, last: int | None = None) -> None:
+        """Zero the slots in [first, last) no gradient reached since ``zero`` (before the buffer,
+        or a bucket of it, is read)."""
+        last = len(self.views) if last is None else last
+        for index in sorted(i for i in self.unwritten if first <= i < last):
+            self.views[index].zero_()
+            self.unwritten.discard(index)
+            if self.as_grad:
+                self.group.params[index].grad = self.views[index]
+
     def zero(self) -> None:
-        self.buffer.zero_()
-        self.attach()
+        self.unwritten = set(range(len(self.views)))
+        for param in self.group.params:
+            param.grad = None

@@ -24,21 +24,29 @@ def fuses_grad_factor(optimizer: torch.optim.Optimizer, masters_on_device: bool)
             and bool(optimizer.defaults.get("fused")))
 
 
+def grad_scale_of(factor: float | torch.Tensor, device: torch.device) -> torch.Tensor | None:
+    """What the gradients are divided by to multiply them by ``factor``: ``1 / factor`` as a
+    float32 tensor on ``device`` (a tensor factor stays on its device: no host sync); a zero
+    factor (an infinite norm that does not skip) gives inf, as the separate pass multiplies by 0.
+    None for a factor of exactly 1 (nothing to divide)."""
+    if torch.is_tensor(factor):
+        return torch.reciprocal(factor).to(torch.float32)
+    if factor == 1.0:
+        return None
+    return torch.full((), 1.0 / factor if factor != 0 else float("inf"), dtype=torch.float32, device=device)
+
+
 @contextlib.contextmanager
 def factor_in_kernel(optimizer: torch.optim.Optimizer, factor: float | torch.Tensor, device: torch.device):
     """While open, ``optimizer.step()`` multiplies the gradients by ``factor`` (a float or a 0-dim
-    tensor, on the device: no host sync): ``grad_scale`` is ``1 / factor``, a float32 tensor as
-    the kernel reads it; a zero factor (an infinite norm that does not skip) divides by inf, as
-    the separate pass multiplies by 0. A factor of exactly 1 hands nothing (the kernel then does
+    tensor, on the device: no host sync): ``grad_scale`` is ``grad_scale_of(factor)``, a float32
+    tensor as the kernel reads it. A factor of exactly 1 hands nothing (the kernel then does
     not write the gradients back). The attribute is removed on leaving, so a later step of the
     same optimizer by the user is not scaled."""
-    if torch.is_tensor(factor):
-        scale = torch.reciprocal(factor).to(torch.float32)
-    elif factor == 1.0:
+    scale = grad_scale_of(factor, device)
+    if scale is None:
         yield
         return
-    else:
-        scale = torch.full((), 1.0 / factor if factor != 0 else float("inf"), dtype=torch.float32, device=device)
     optimizer.grad_scale = scale
     try:
         yield

@@ -60,7 +60,7 @@ class PipelineStageStrategy(ZeroStrategy):
     def master_tensors(self) -> list[torch.Tensor]:
         return [self.shard.param] if self.shard is not None else [holder for _, holder in self.holders()]
 
-    def prepare_master_grads(self) -> None:
+    def prepare_master_grads(self, defer_cast: bool = False) -> None:
         holders = self.holders()
         for param, holder in holders:
             grad = param.grad if param.grad is not None else torch.zeros_like(param)

@@ -12,6 +12,8 @@ the methods below, always in this order:
     on an accumulation boundary (engine.step):
         prepare_master_grads()                master tensors get .grad: fp32, averaged over the
                                               data-parallel ranks, still times the loss scale
+                                              (defer_cast: a 16->32-bit cast may wait for
+                                              cast_master_grads, which divides as it casts)
         grad_norm_and_overflow()              collective; same answer on every rank
         then either (overflow)  zero_grad()
         or          scale_master_grads(1 / combined_scale); optimizer.step();
@@ -152,8 +154,17 @@ class ZeroStrategy(ABC):
 
     # ---- the step ------------------------------------------------------------------------
     @abstractmethod
-    def prepare_master_grads(self) -> None:
-        """Give every master tensor its averaged fp32 ``.grad`` (times the loss scale)."""
+    def prepare_master_grads(self, defer_cast: bool = False) -> None:
+        """Give every master tensor its averaged fp32 ``.grad`` (times the loss scale). With
+        ``defer_cast`` a strategy may leave a dtype cast of the gradients (16-bit accumulation,
+        fp32 masters) for ``cast_master_grads``, which applies the step's factor in the same pass;
+        the norm then reads the gradients as accumulated (``norm_grads``)."""
+
+    def cast_master_grads(self, scale: torch.Tensor | None) -> bool:
+        """The casts ``prepare_master_grads(defer_cast=True)`` left: each master's ``.grad`` becomes
+        its gradient divided by ``scale`` (a float32 tensor; None: cast only), one pass. False when
+        none were left (the caller applies the factor its own way)."""
+        return False
 
     @abstractmethod
     def master_tensors(self) -> list[torch.Tensor]:

@@ -35,11 +35,23 @@ def copy_in_pieces(target: torch.Tensor, source: torch.Tensor, piece_numel: int 
         target[low:low + piece.numel()].copy_(piece, non_blocking=True)
 
 
+def cast_divided(grad: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor | None) -> torch.Tensor:
+    """``grad`` as ``dtype`` divided by ``scale``, in one pass (read 16 bits, write 32 an element).
+    ``scale`` goes in as a 1-element tensor, not a 0-dim one: a 0-dim float32 tensor would leave
+    the result in bf16 (type promotion), a 1-element one makes it float32, so each value is the
+    exact cast divided once in float32, what the fused Adam's ``grad_scale`` gives the cast grads."""
+    out = torch.empty(grad.shape, dtype=dtype, device=grad.device)
+    if scale is None:
+        return out.copy_(grad)
+    return torch.div(grad, scale.reshape(1), out=out)
+
+
 class OnDevice:
     """Masters on the training device."""
 
     def __init__(self, context):
         self.context = context
+        self.uncast: list[torch.Tensor] = []   # owned grads whose cast waits for cast_grads
 
     def build(self, weights: torch.Tensor, may_alias: bool, on_device: bool = False) -> tuple[torch.Tensor, bool]:
         """The master for the weight range ``weights``, and whether it *is* that range (``on_device``:
@@ -49,14 +61,26 @@ class OnDevice:
         return weights.detach().to(self.context.precision.master_dtype).clone(), False
 
     def give_grads(self, masters: list[torch.Tensor], owned: list[torch.Tensor],
-                   whole: list[torch.Tensor] | None = None) -> None:
-        """Each master's ``.grad``: its owned gradient range (an fp32 copy when the dtypes differ);
+                   whole: list[torch.Tensor] | None = None, defer_cast: bool = False) -> None:
+        """Each master's ``.grad``: its owned gradient range (an fp32 copy when the dtypes differ;
+        with ``defer_cast`` that copy waits for ``cast_grads``, and the norm reads ``owned``);
         ``whole``: the groups' owned ranges uncut, where offload measures the norm."""
+        self.uncast = []
+        if defer_cast and all(grad.dtype != master.dtype for master, grad in zip(masters, owned)):
+            self.uncast = list(owned)
+            return
         for master, grad in zip(masters, owned):
             master.grad = grad if grad.dtype == master.dtype else grad.to(master.dtype)
 
+    def cast_grads(self, masters: list[torch.Tensor], scale: torch.Tensor | None) -> bool:
+        """The deferred casts, divided by ``scale`` as they are made (see ``cast_divided``)."""
+        uncast, self.uncast = self.uncast, []
+        for master, grad in zip(masters, uncast):
+            master.grad = cast_divided(grad, master.dtype, scale)
+        return bool(uncast)
+
     def norm_grads(self, masters: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [master.grad for master in masters]
+        return list(self.uncast) if self.uncast else [master.grad for master in masters]
 
     def takes_factor(self, factor: float) -> bool:
         """Whether the optimizer applies the step's unscale/clip factor itself (else the grads are scaled)."""
@@ -85,6 +109,7 @@ class OnDevice:
 
     def clear_grads(self, masters: list[torch.Tensor], stepping: bool = False) -> None:
         """Drop the master grads; ``stepping``: a background step still reads them (overlap_step)."""
+        self.uncast = []
         for master in masters:
             master.grad = None
 
@@ -170,7 +195,7 @@ class OnHost(OnDevice):
             host.copy_(grad if grad.dtype == host.dtype else grad.to(host.dtype), non_blocking=True)
 
     def give_grads(self, masters: list[torch.Tensor], owned: list[torch.Tensor],
-                   whole: list[torch.Tensor] | None = None) -> None:
+                   whole: list[torch.Tensor] | None = None, defer_cast: bool = False) -> None:
         """The host grads: the reported ranges were copied while backward ran; copy any range
         that did not report, and wait, so that whatever reads ``master.grad`` sees it whole.
         The norm is measured over ``whole`` (each group's range uncut): the same sums in the

@@ -44,6 +44,7 @@ class WholeGradients:
         grads = self.grad_buffers[position]
         for index in range(bucket.first, bucket.last):  # late or unused parameters
             grads.absorb(index)
+        grads.settle(bucket.first, bucket.last)         # unused ones since zero(): zeros
         chunk = grads.buffer[bucket.start:bucket.end]
         comm_dtype = strategy.context.precision.comm_dtype
         work = chunk if chunk.dtype == comm_dtype else chunk.to(comm_dtype)
@@ -57,7 +58,9 @@ class WholeGradients:
     def owned(self, position: int) -> torch.Tensor:
         """The gradient over the flat range the master of group ``position`` covers."""
         low, high = self.strategy.partitioning.bounds(self.strategy.groups[position])
-        return self.grad_buffers[position].buffer[low:high]
+        grads = self.grad_buffers[position]
+        grads.settle()   # a parameter no backward reached since zero(): its slot reads zero
+        return grads.buffer[low:high]
 
     def zero(self) -> None:
         for grads in self.grad_buffers:

@@ -3,7 +3,9 @@
 Each bucket's gradients are copied into a staging buffer as backward produces them (the
 parameter's ``.grad`` is freed at once), reduced piecewise to the owning ranks, and added into
 the owner's persistent gradient partition; so no rank ever holds the full gradients. This
-happens on every micro-step, accumulation included.
+happens on every micro-step, accumulation included. The first reduction of a bucket after
+``zero_grad`` is copied into the partition, later ones added: the step makes no zeroing pass
+over the gradients (issue 39).
 """
 from __future__ import annotations
 
@@ -23,6 +25,9 @@ class ReduceEveryMicroStep:
                                             device=ctx.dist_context.device) for group in strategy.groups]
         self.staging: dict[int, torch.Tensor] = {}
         self.boundary = True
+        #: buckets whose ranges of grad_partitions hold no gradient since ``zero``: their next
+        #: reduction is copied over the partition instead of added (no zeroing pass per step)
+        self.unwritten = set(range(len(strategy.plan)))
         self.bucket_of = {(g, slot): index for index, (g, bucket) in enumerate(strategy.plan)
                           for slot in range(bucket.first, bucket.last)}
 
@@ -67,10 +72,15 @@ class ReduceEveryMicroStep:
         if strategy.pre_scale != 1.0:
             work.mul_(strategy.pre_scale)
         partition = self.grad_partitions[position]
+        first = bucket_index in self.unwritten   # every micro-step launches every bucket (queue.flush)
+        self.unwritten.discard(bucket_index)
 
         def accumulate(offset, reduced):
             final = partition[offset:offset + reduced.numel()]
-            final.add_(reduced)
+            if first:
+                final.copy_(reduced)
+            else:
+                final.add_(reduced)
             if self.boundary:   # this range is now final for the step: offload copies it at once
                 strategy.grad_ready(position, offset, final)
         strategy.reduce_to_owners(strategy.groups[position], work, bucket.start, accumulate)
@@ -79,11 +89,24 @@ class ReduceEveryMicroStep:
             strategy.finish_pending()
 
     def owned(self, position: int) -> torch.Tensor:
+        """This rank's gradient partition of group ``position``; ranges no reduction wrote since
+        ``zero`` are zeroed first (read before a backward, e.g. by safe_set_full_grad)."""
+        strategy = self.strategy
+        group = strategy.groups[position]
+        low, high = strategy.partitioning.bounds(group)
+        for index in sorted(self.unwritten):
+            group_index, bucket = strategy.plan[index]
+            if group_index == group.index:
+                self.unwritten.discard(index)
+                start, end = max(bucket.start, low), min(bucket.end, high)
+                if start < end:
+                    self.grad_partitions[position][start - low:end - low].zero_()
         return self.grad_partitions[position]
 
     def zero(self) -> None:
-        for partition in self.grad_partitions:
-            partition.zero_()
+        # no memset: the next reductions overwrite their ranges (``unwritten``); the partition's
+        # padding past the last bucket is never written and stays zero from ``bind``
+        self.unwritten = set(range(len(self.strategy.plan)))
         for group in self.strategy.groups:
             for param in group.params:
                 param.grad = None

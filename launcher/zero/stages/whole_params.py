@@ -244,11 +244,17 @@ class WholeParamsStrategy(ZeroStrategy):
         raise KeyError(group_index)
 
     # ---- the step ------------------------------------------------------------------------
-    def prepare_master_grads(self) -> None:
+    def prepare_master_grads(self, defer_cast: bool = False) -> None:
+        # a deferred cast leaves master.grad unset: only where nothing reads it before the step
+        # (no before_norm hook; the tensor-parallel norm reads the masters' fragments)
+        defer_cast = defer_cast and not self.before_norm and self.context.parallel.size("tensor") == 1
         whole = [self.reduction.owned(position) for position in range(len(self.groups))]
-        self.placement.give_grads(self.masters, self.owned_pieces(), whole)
+        self.placement.give_grads(self.masters, self.owned_pieces(), whole, defer_cast=defer_cast)
         for call in self.before_norm:
             call()
+
+    def cast_master_grads(self, scale: torch.Tensor | None) -> bool:
+        return self.placement.cast_grads(self.masters, scale)
 
     def master_tensors(self) -> list[torch.Tensor]:
         return list(self.masters)

@@ -59,7 +59,10 @@ def _from_device(strategy) -> torch.Tensor:
 
 
 def pieces_square_sum(pieces: list[torch.Tensor], device: torch.device) -> torch.Tensor:
-    """The float64 sum of squares of ``pieces`` (a float32 norm each, in one foreach call)."""
+    """The float64 sum of squares of ``pieces`` (a float32 norm each, in one foreach call; these are
+    the small persistent parameters, so 16-bit pieces are cast first)."""
     if not pieces:
         return torch.zeros((), dtype=torch.float64, device=device)
+    if pieces[0].element_size() < 4:   # 16-bit grads (a deferred cast): norms in float32, as of fp32 grads
+        pieces = [piece.float() for piece in pieces]
     return torch.stack(torch._foreach_norm(pieces)).double().square().sum()

@@ -33,7 +33,7 @@ from launcher.zero.stages.stage3.square_sum import square_sum
 from launcher.zero.stages.stage3.nvme import Stage3Nvme
 from launcher.zero.stages.stage3.state import Stage3State
 from launcher.zero.stages.host_memory import host_zeros
-from launcher.zero.stages.placement import copy_in_pieces
+from launcher.zero.stages.placement import cast_divided, copy_in_pieces
 from launcher.zero.stages.base import ZeroStrategy
 
 
@@ -56,6 +56,8 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
 
     stage = 3
     partitioned_grads = True
+    #: 16-bit grads whose cast to the fp32 masters waits for cast_master_grads (prepare_master_grads)
+    _uncast: "list[torch.Tensor] | tuple" = ()
 
     @property
     def masters_on_device(self) -> bool:
@@ -305,7 +307,7 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
             self._reduce_persistent()
 
     # ---- the step -------------------------------------------------------------------------
-    def prepare_master_grads(self) -> None:
+    def prepare_master_grads(self, defer_cast: bool = False) -> None:
         if self.device_grads:   # the CPU Adam takes each host chunk of self.grads from the feed
             self.feed.arm()
             for master, mark, grad, on_device in zip(self.masters, self._grad_marks, self.grads, self.on_device):
@@ -319,18 +321,31 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
                 for index, slot in enumerate(slots):   # a shard no gradient reached this step
                     if not slot.persistent and (position, index) not in self._touched:
                         grad[slot.offset:slot.offset + slot.length].zero_()
+        self._uncast = []
+        if (defer_cast and not self.before_norm and self.context.parallel.size("tensor") == 1
+                and all(g.dtype != m.dtype and g.device == m.device for m, g in zip(self.masters, self.grads))):
+            self._uncast = list(self.grads)   # cast_master_grads casts them, divided by the step's factor
+            return
         for master, grad in zip(self.masters, self.grads):
             master.grad = grad if grad.dtype == master.dtype and grad.device == master.device \
                 else grad.to(device=master.device, dtype=master.dtype)
         for call in self.before_norm:
             call()
 
+    def cast_master_grads(self, scale: torch.Tensor | None) -> bool:
+        uncast, self._uncast = self._uncast, []
+        for master, grad in zip(self.masters, uncast):
+            master.grad = cast_divided(grad, master.dtype, scale)
+        return bool(uncast)
+
     def master_tensors(self) -> list[torch.Tensor]:
         return list(self.masters)
 
     def step_grads(self) -> list[torch.Tensor | None]:
         """Each group's gradient for this step: on the device with device_grads, else the master's .grad."""
-        return list(self.grads) if self.device_grads else [master.grad for master in self.masters]
+        if self.device_grads or self._uncast:
+            return list(self.grads)
+        return [master.grad for master in self.masters]
 
     def data_square_sum(self) -> torch.Tensor:
         """Like the base, but a persistent parameter (whole on every rank) is counted once (square_sum.py)."""
@@ -379,6 +394,7 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
         return self.offload_optimizer and not self.device_grads and self.context.dist_context.device.type == "cuda"
 
     def zero_grad(self) -> None:
+        self._uncast = []
         self._touched.clear()
         self._device_squares, self._norm_on_device = 0.0, True
         for master, grad, slots, on_device in zip(self.masters, self.grads, self.group_slots, self.on_device):
