@@ -60,6 +60,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--trainer-timeout", type=float, default=150, help="seconds per Trainer run")
     p.add_argument("--budget", type=float, default=0, help="seconds for the run; what has not started by then "
                    "is recorded 'not run' (0: no limit)")
+    p.add_argument("--deepspeed-from", default="",
+                   help="FILE[,FILE]: cells.jsonl of earlier runs whose DeepSpeed cells (and DeepSpeed's Trainer "
+                        "cell) are taken instead of running DeepSpeed again, where their card is this run's (DeepSpeed "
+                        "unchanged, only ours changed: it saves about 230 s of an H100 call); the header names them")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: judge OUTDIR/cells.jsonl of an earlier run again under today's bound rule")
     p.add_argument("--break", dest="broken", default="",
@@ -264,9 +268,40 @@ def header(records: dict, outdir: str, rejudged: bool) -> list[str]:
     except Exception:
         deepspeed = "not installed"
     devices = sorted({r.get("device") for r in records.values() if r.get("device")})
+    reused = sorted({r["reused_from"] for r in records.values() if r.get("reused_from")})
+    note = ([f"DeepSpeed's cells are not run here: taken from {', '.join(reused)} (the same card; DeepSpeed "
+             "unchanged), so their step ratios compare across runs"] if reused else [])
     return [f"# scripts/gpu_accept.py: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
             f"commit {commit or 'unknown (set ACCEPT_COMMIT)'}; card {', '.join(devices) or 'unknown'}; "
-            f"torch {torch.__version__}, transformers {transformers.__version__}, deepspeed {deepspeed}"]
+            f"torch {torch.__version__}, transformers {transformers.__version__}, deepspeed {deepspeed}", *note]
+
+
+def deepspeed_cells(paths: list[str], device: str | None) -> dict[tuple[str, str], dict]:
+    """The DeepSpeed cells of earlier runs' cells.jsonl files (the last record of a cell wins, later files
+    over earlier ones) that ran on ``device``: {(model, variant): record}. An errored or unrun cell is not
+    taken, nor one from another card (its step times would not compare)."""
+    found: dict[tuple[str, str], dict] = {}
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                record = json.loads(line) if line.strip() else {}
+                if record.get("event") == "cell" and record.get("engine") == "deepspeed":
+                    found[(record["model"], record["variant"])] = dict(record, reused_from=path)
+    return {key: record for key, record in found.items()
+            if record.get("status") == "ok" and device is not None and record.get("device") == device}
+
+
+def reuse_deepspeed(run: Run, spec: str) -> set[tuple[str, str]]:
+    """``--deepspeed-from``: record the earlier DeepSpeed cells of this run's card as this run's; the cells taken."""
+    if not spec:
+        return set()
+    devices = {r.get("device") for r in run.read(0)[0] if r.get("event") == "cell" and r.get("engine") == "plain"}
+    devices.discard(None)
+    device = devices.pop() if len(devices) == 1 else None
+    cells = deepspeed_cells([p for p in spec.split(",") if p], device)
+    for record in cells.values():
+        run.record(**{k: v for k, v in record.items() if k not in ("event", "time")})
+    return set(cells)
 
 
 def main(argv=None) -> int:
@@ -295,8 +330,11 @@ def main(argv=None) -> int:
         run.run_group("ours", [(m, v) for v in variants], f"ours-{m}")
     if prebuild is not None and not wait(prebuild, max(10.0, 300 - (time.monotonic() - run.started))):
         os.killpg(prebuild.pid, signal.SIGKILL)
+    reused = reuse_deepspeed(run, args.deepspeed_from)
     for m in names:
-        cells = [(m, v) for v in variants]
+        cells = [(m, v) for v in variants if (m, v) not in reused]
+        if not cells:
+            continue
         if not have_deepspeed:
             for v in variants:
                 run.record(model=m, variant=v, engine="deepspeed", status="n/a: deepspeed not installed")
@@ -312,6 +350,8 @@ def main(argv=None) -> int:
         with open(config_path, "w") as f:
             json.dump(TRAINER_CONFIG, f, indent=1)
         for engine in ("plain", "ours", "deepspeed"):
+            if engine == "deepspeed" and ("llama", "trainer_zero3") in reused:
+                continue
             if engine == "deepspeed" and not have_deepspeed:
                 run.record(model="llama", variant="trainer_zero3", engine=engine, status="n/a: deepspeed not installed")
                 continue
