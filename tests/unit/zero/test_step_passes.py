@@ -8,64 +8,25 @@ stage 3 also zeroes its gradient shards (2: 44), stages 0-2 copy the next step's
 over theirs instead. Before, the cast was a pass of its own, the kernel divided and wrote back
 the fp32 gradients, and every stage zeroed: 50. A pass that comes back changes the figure here.
 Counted with a dispatch mode on the CPU (one rank, gloo); no timing."""
+import importlib.util
+import pathlib
+import sys
+
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from launcher import zero
 
-#: operators that write their destination without reading it
-WRITE_ONLY = {"copy_", "zero_", "fill_"}
+SCRIPT = pathlib.Path(__file__).resolve().parents[3] / "scripts" / "step_census.py"
 
 
-def moved_bytes(func, args, kwargs, out) -> int:
-    """Bytes an aten call reads and writes (views and allocations: none)."""
-    schema = func._schema
-    name = schema.name.split("::")[-1]
-    if any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
-        return 0
-    values = dict(zip([a.name for a in schema.arguments], args), **kwargs)
-    scaled = kwargs.get("grad_scale") is not None
-    total = 0
-    for argument in schema.arguments:
-        size = sum(t.numel() * t.element_size() for t in tensors_in(values.get(argument.name)))
-        written = argument.alias_info is not None and argument.alias_info.is_write
-        if not written:
-            total += size
-        elif argument.name == "out" or name in WRITE_ONLY:
-            total += size
-        elif name.startswith("_fused_adam") and argument.name == "grads" and not scaled:
-            total += size                       # read only: the kernel writes grads back with a grad_scale
-        else:
-            total += 2 * size
-    if not any(r.alias_info is not None for r in schema.returns):
-        total += sum(t.numel() * t.element_size() for t in tensors_in(out))
-    return total
-
-
-def tensors_in(value) -> list[torch.Tensor]:
-    if torch.is_tensor(value):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in tensors_in(v)]
-    return []
-
-
-class ParamSizedPasses(TorchDispatchMode):
-    """Records (operator, bytes) of each call touching at least half of ``numel`` elements at once."""
-
-    def __init__(self, numel: int):
-        super().__init__()
-        self.numel, self.passes = numel, []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        touched = max([sum(t.numel() for t in tensors_in(v)) for v in list(args) + list(kwargs.values())] + [0])
-        moved = moved_bytes(func, args, kwargs, out)
-        if touched >= self.numel // 2 and moved:
-            self.passes.append((func._schema.name.split("::")[-1], moved))
-        return out
+def census_module():
+    """scripts/step_census.py, whose byte accounting (``StepCensus``, ``param_sized``) this test counts with."""
+    spec = importlib.util.spec_from_file_location("step_census_for_tests", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module   # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(autouse=True)
@@ -94,13 +55,14 @@ def step_passes(stage: int, precision: str):
     numel = sum(p.numel() for p in model.parameters())   # before stage 3 partitions them
     engine, *_ = zero.initialize(model=model, config=config)
     dtype = next(engine.module.parameters()).dtype
+    census = census_module()
     for _ in range(2):   # the second step is counted (the first builds the optimizer's state)
         engine.backward(engine(torch.randn(4, 64).to(dtype)).float().pow(2).mean())
-        counted = ParamSizedPasses(numel)
+        counted = census.StepCensus()
         with counted:
             engine.step()
-    names = [name for name, _ in counted.passes]
-    return names, sum(moved for _, moved in counted.passes) / numel
+    passes = census.param_sized(counted.records, numel)
+    return [r.name for r in passes], sum(r.read + r.written for r in passes) / numel
 
 
 @pytest.mark.parametrize("precision", list(PRECISIONS))
