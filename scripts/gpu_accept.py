@@ -80,6 +80,12 @@ class Run:
         self.results = os.path.join(self.out, "cells.jsonl")
         self.started = time.monotonic()
 
+    def card(self) -> str | None:
+        """The card this run's plain cells ran on, as accept_worker.py names it (None before they ran)."""
+        cards = {r.get("device") for r in self.read(0)[0] if r.get("event") == "cell" and r.get("engine") == "plain"}
+        cards.discard(None)
+        return cards.pop() if len(cards) == 1 else None
+
     def record(self, **record) -> None:
         with open(self.results, "a") as f:
             f.write(json.dumps({"event": "cell", "time": time.time(), **record}) + "\n")
@@ -192,7 +198,8 @@ class Run:
                 for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
                     env.pop(key)
         log_path = os.path.join(self.out, f"trainer-{engine}.log")
-        common = {"model": "llama", "variant": variant, "engine": engine, "flops_per_step": flops_per_step}
+        common = {"model": "llama", "variant": variant, "engine": engine, "flops_per_step": flops_per_step,
+                  **({"device": self.card()} if self.card() else {})}
         if self.over_budget():
             return self.record(**common, status="not run", error=f"budget of {self.args.budget:.0f}s spent")
         started = time.monotonic()
@@ -281,24 +288,25 @@ def deepspeed_cells(paths: list[str], device: str | None) -> dict[tuple[str, str
     over earlier ones) that ran on ``device``: {(model, variant): record}. An errored or unrun cell is not
     taken, nor one from another card (its step times would not compare)."""
     found: dict[tuple[str, str], dict] = {}
+    cards: set[str] = set()
     for path in paths:
         with open(path) as f:
             for line in f:
                 record = json.loads(line) if line.strip() else {}
+                cards |= {record["device"]} if record.get("event") == "cell" and record.get("device") else set()
                 if record.get("event") == "cell" and record.get("engine") == "deepspeed":
                     found[(record["model"], record["variant"])] = dict(record, reused_from=path)
+    # Trainer cells recorded before 2026-12-07 16:50 name no card: theirs is the one card the files name
+    only = cards.pop() if len(cards) == 1 else None
     return {key: record for key, record in found.items()
-            if record.get("status") == "ok" and device is not None and record.get("device") == device}
+            if record.get("status") == "ok" and device is not None and record.get("device", only) == device}
 
 
 def reuse_deepspeed(run: Run, spec: str) -> set[tuple[str, str]]:
     """``--deepspeed-from``: record the earlier DeepSpeed cells of this run's card as this run's; the cells taken."""
     if not spec:
         return set()
-    devices = {r.get("device") for r in run.read(0)[0] if r.get("event") == "cell" and r.get("engine") == "plain"}
-    devices.discard(None)
-    device = devices.pop() if len(devices) == 1 else None
-    cells = deepspeed_cells([p for p in spec.split(",") if p], device)
+    cells = deepspeed_cells([p for p in spec.split(",") if p], run.card())
     for record in cells.values():
         run.record(**{k: v for k, v in record.items() if k not in ("event", "time")})
     return set(cells)

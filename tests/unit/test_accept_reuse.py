@@ -39,3 +39,17 @@ def test_only_ok_deepspeed_cells_of_this_card_are_taken_and_later_files_win(tmp_
     assert set(taken) == {("llama", "zero1"), ("llama", "zero3"), ("llama", "trainer_zero3")}
     assert taken[("llama", "zero3")]["losses"] == [2.0] and taken[("llama", "zero3")]["reused_from"] == str(second)
     assert accept.deepspeed_cells([str(first)], None) == {}   # this run's card unknown: nothing is taken
+
+
+def test_a_trainer_cell_without_a_card_takes_the_one_card_of_the_files_it_came_with(tmp_path):
+    # the morning's trainer rerun (2026-12-07) recorded its cells without the card
+    accept = _module()
+    card = "NVIDIA H100 80GB HBM3"
+    cells, rerun = tmp_path / "cells.jsonl", tmp_path / "rerun.jsonl"
+    _write(cells, [{"event": "cell", "engine": "deepspeed", "model": "llama", "variant": "zero1", "status": "ok", "device": card}])
+    _write(rerun, [{"event": "cell", "engine": "deepspeed", "model": "llama", "variant": "trainer_zero3", "status": "ok"}])
+    assert set(accept.deepspeed_cells([str(cells), str(rerun)], card)) == {("llama", "zero1"), ("llama", "trainer_zero3")}
+    assert set(accept.deepspeed_cells([str(cells), str(rerun)], "NVIDIA H200")) == set()
+    _write(cells, [{"event": "cell", "engine": "deepspeed", "model": "llama", "variant": "zero1", "status": "ok", "device": card},
+                   {"event": "cell", "engine": "deepspeed", "model": "llama", "variant": "zero2", "status": "ok", "device": "NVIDIA H200"}])
+    assert set(accept.deepspeed_cells([str(cells), str(rerun)], card)) == {("llama", "zero1")}   # two cards: which one is unknown
