@@ -321,6 +321,9 @@ VARIANTS: dict[str, Callable[[torch.nn.Module, Settings], Step]] = {
     # the same at stage 2 (dslaunch's own: DeepSpeed 0.19.8 refuses ratio below 1 there), each rank's partition cut
     "zero2_offload_ratio50": ours(2, offload=True, ratio=0.5),
     "zero2_offload_overlap_ratio50": ours(2, offload=True, overlap=True, ratio=0.5),
+    # the ratio swept, with and without bf16 states: zero{2,3}_offload[_overlap][_bf16states]_ratio{10..90}
+    **{f"zero{s}_offload{o}{b}_ratio{r}": ours(s, offload=True, overlap=bool(o), bf16_states=bool(b), ratio=r / 100)
+       for s in (2, 3) for o in ("", "_overlap") for b in ("", "_bf16states") for r in range(10, 100, 5)},
     **{f"ds_zero{s}": deepspeed(s) for s in range(4)},
     "ds_zero2_offload": deepspeed(2, offload=True),
     "ds_zero3_offload": deepspeed(3, offload=True),
