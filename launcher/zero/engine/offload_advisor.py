@@ -73,6 +73,8 @@ class OffloadAdvisor:
         self.least = 0.0
         self.active = True
         self._fb_started: float | None = None
+        self._backward_started: float | None = None
+        self._backward = 0.0
         self._waited = 0.0
         self._fb = 0.0
         self._step_started = 0.0
@@ -102,7 +104,26 @@ class OffloadAdvisor:
 
     def _forward_begins(self) -> None:
         if self._fb_started is None:   # the first micro-step of this accumulation
-            self._fb_started, self._waited = self.clock(), self._waited_now()
+            self._fb_started, self._waited, self._backward = self.clock(), self._waited_now(), 0.0
+        else:                          # a later one: the last micro-step's backward ends here
+            self._backward_ends()
+
+    def backward_begins(self) -> None:
+        self._guarded(self._backward_begins)
+
+    def _backward_begins(self) -> None:
+        if self._fb_started is None:
+            return
+        if self.cuda:   # the forward's kernels end before the backward's are timed (sampled steps only)
+            torch.cuda.synchronize()
+        self._backward_started = self.clock()
+
+    def _backward_ends(self) -> None:
+        if self._backward_started is not None:
+            if self.cuda:
+                torch.cuda.synchronize()
+            self._backward += self.clock() - self._backward_started
+            self._backward_started = None
 
     def step_begins(self) -> None:
         self._guarded(self._step_begins)
@@ -110,6 +131,7 @@ class OffloadAdvisor:
     def _step_begins(self) -> None:
         if self._fb_started is None:
             return
+        self._backward_ends()
         if self.cuda:   # the backward's kernels, not their launch (offload's step syncs here anyway)
             torch.cuda.synchronize()
         now = self.clock()
@@ -126,11 +148,12 @@ class OffloadAdvisor:
         host = self.clock() - self._step_started if self.overlap is None else self.overlap.work_seconds
         if host is None:
             return
-        if self.samples.add(self._fb, host):
-            fb, host = self.samples.medians()
+        if self.samples.add(self._fb, host, self._backward):
+            fb, host, backward = self.samples.medians()
             facts = self.facts
-            hiding = advice.hiding_ratio(fb, host, facts.offloaded / max(1, facts.total))
-            self.monitor.log(advice.measured_line(self.samples.count, fb, host, self.least, facts.overlap,
+            forward = advice.forward_seconds(fb, backward, facts.overlap)
+            hiding = advice.hiding_ratio(forward, host, facts.offloaded / max(1, facts.total))
+            self.monitor.log(advice.measured_line(self.samples.count, fb, backward, host, self.least, facts.overlap,
                                                   facts.ratio, hiding))
             self.active = False   # said once
 

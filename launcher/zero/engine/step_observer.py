@@ -93,6 +93,8 @@ class StepObserver:
         stall_beat.reached(self.counters.global_steps)
         self.progress.timers.start("backward")
         self.progress.add_loss(loss)
+        if self.advisor is not None:
+            self.advisor.backward_begins()
 
     @contextlib.contextmanager
     def backward(self):
