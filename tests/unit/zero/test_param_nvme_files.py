@@ -84,6 +84,12 @@ def test_one_rank_trains_like_cpu_offload_with_shards_only_in_the_file(tmp_path)
     assert os.path.getsize(path) == (64 + 16) * 4   # the two weights' shards, fp32 (the biases stay whole)
     assert all(p.ds_tensor.untyped_storage().nbytes() == 4 for p in engine.module.parameters() if hasattr(p, "ds_state"))
     assert engine.memory_breakdown()["nvme_param_buffers"] == 2 * 64 * 4
+    weight = engine.module[0].weight
+    with zero.GatheredParameters([weight], modifier_rank=0):   # a change goes to the file and the master
+        weight.data.fill_(0.5)
+    assert torch.from_file(path, size=64, dtype=torch.float32).eq(0.5).all()
+    with zero.GatheredParameters([weight]):
+        assert weight.eq(0.5).all()
 
 
 class _State:

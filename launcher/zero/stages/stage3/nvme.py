@@ -49,7 +49,7 @@ class Stage3Nvme:
         if zero.offload_optimizer is not None and zero.offload_optimizer.overlap_step:
             raise ConfigError("zero_optimization.offload_optimizer.overlap_step with offload_param.device 'nvme': "
                               "the background step would write the parameters' file while the next forward "
-                              "reads it; not built", hint="remove overlap_step, or use offload_param.device 'cpu'")
+                              "reads it", hint="remove overlap_step, or use offload_param.device 'cpu'")
         folder = check_folder(offload.nvme_path, self.context.dist_context.rank, section="offload_param")
         return ParamFiles(folder, offload.buffer_count, offload.buffer_size, offload.pin_memory)
 

@@ -102,13 +102,13 @@ class ParamFiles:
             self._free.append(index)
 
     def read_ahead(self, params) -> None:
-        """Start reading the released, partitioned ``params`` on the background thread, while more
-        than one buffer is free (the last is kept for a gather not read ahead)."""
+        """Start reading the released ones of the partitioned ``params`` on the background thread,
+        while more than one buffer is free (the last is kept for a gather not read ahead)."""
         for p in params:
-            state = getattr(p, "ds_state", None)
+            state = p.ds_state
             if len(self._free) < 2:
                 return
-            if state is None or state.swap is not self or id(state) in self._ahead or state.status != "not_available":
+            if state.swap is not self or id(state) in self._ahead or state.status != "not_available":
                 continue
             index = self._free.pop()
             self._ahead[id(state)] = (self._io.submit(self._read_into, state, index), index)

@@ -12,6 +12,8 @@ With ``offload_optimizer`` the masters, their gradients and the optimizer state 
 With ``offload_optimizer.device: nvme`` the masters and Adam's moments live in files instead,
 read and written a chunk at a time around the CPU Adam (nvme_states.py); ``self.masters`` then
 holds placeholders of the right shape, real only inside ``states_resident`` (checkpoints).
+With ``offload_param.device: nvme`` the shards live in one file per rank and each ``ds_state.shard``
+is a placeholder: gathers read them, the step and any change write them (stage3/nvme_params.py).
 """
 from __future__ import annotations
 
