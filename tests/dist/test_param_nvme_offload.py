@@ -39,19 +39,7 @@ def build(param, folder=None, bf16=False, optimizer="cpu", count=3, size=SHARD):
 
 
 def train(engine, rank, world_size, first, last):
-    import torch
-    dtype = next(engine.module.parameters()).dtype
-    x, y = s3.data(world_size, 2, STEPS)
-    losses = []
-    for step in range(first, last):
-        for micro in range(2):
-            start = ((step * 2 + micro) * world_size + rank) * s3.MBS
-            loss = torch.nn.functional.mse_loss(engine(x[start:start + s3.MBS].to(dtype)).float(),
-                                                y[start:start + s3.MBS])
-            engine.backward(loss)
-            engine.step()
-            losses.append(loss.item())
-    return losses
+    return s3.losses(engine, rank, world_size, first, last, STEPS)
 
 
 def parity(rank, world_size, root, bf16, optimizer):
@@ -73,7 +61,6 @@ def checkpoints(rank, world_size, root):
     """nvme -> cpu and cpu -> nvme through a checkpoint at step 2; then the folder removed mid-run
     fails by name and the checkpoint saved before still loads."""
     import torch.distributed as dist
-    from launcher.zero.errors import NvmeOffloadError
     folder = lambda name: os.makedirs(os.path.join(root, name), exist_ok=True) or os.path.join(root, name)  # noqa: E731
     ckpt = os.path.join(root, "ckpt")
     engine = build("nvme", folder("save"))
@@ -81,11 +68,7 @@ def checkpoints(rank, world_size, root):
     engine.save_checkpoint(ckpt, tag="nvme2")
     rest = train(engine, rank, world_size, 2, STEPS)
     shutil.rmtree(os.path.join(root, "save", f"dslaunch-rank{rank}"))
-    removed = None
-    try:
-        train(engine, rank, world_size, 2, 3)
-    except NvmeOffloadError as exc:
-        removed = f"{type(exc).__name__}: {exc}"
+    removed = s3.nvme_error(train, engine, rank, world_size, 2, 3)
     dist.barrier()
     engine = build("cpu")
     first_cpu = train(engine, rank, world_size, 0, 2)
@@ -102,7 +85,6 @@ def checkpoints(rank, world_size, root):
 
 def full_disk(rank, world_size, root):
     """An injected ENOSPC from the writer: the step that writes the shards back fails by name."""
-    from launcher.zero.errors import NvmeOffloadError
     from launcher.zero.stages.stage3 import nvme_params
     os.makedirs(os.path.join(root, "full"), exist_ok=True)
     engine = build("nvme", os.path.join(root, "full"))
@@ -112,12 +94,10 @@ def full_disk(rank, world_size, root):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     real, nvme_params._pwrite_all = nvme_params._pwrite_all, no_space
     try:
-        train(engine, rank, world_size, 1, 2)
-        return {"case": "full", "error": None}
-    except NvmeOffloadError as exc:
-        return {"case": "full", "error": f"{type(exc).__name__}: {exc}", "path": engine.strategy.param_files.path}
+        error = s3.nvme_error(train, engine, rank, world_size, 1, 2)
     finally:
         nvme_params._pwrite_all = real
+    return {"case": "full", "error": error, "path": engine.strategy.param_files.path}
 
 
 def start_errors(rank, world_size, root):
@@ -127,11 +107,7 @@ def start_errors(rank, world_size, root):
     for name, kwargs in (("missing", {"folder": os.path.join(root, "no-such-folder")}),
                          ("unwritable", {"folder": "/proc"}),
                          ("small", {"folder": os.path.join(root, "ok"), "size": SHARD - 1})):
-        try:
-            build("nvme", **kwargs)
-            out[name] = None
-        except ConfigError as exc:
-            out[name] = f"{exc} | hint: {exc.hint}"
+        out[name] = s3.raised(ConfigError, build, "nvme", **kwargs)
     return out
 
 
