@@ -31,18 +31,7 @@ def build(device, folder=None, bf16=False, chunk=300, count=2, states=False):
 
 
 def train(engine, rank, world_size, first, last):
-    import torch
-    dtype = next(engine.module.parameters()).dtype
-    x, y = s3.data(world_size, 2, STEPS)
-    losses = []
-    for step in range(first, last):
-        for micro in range(2):
-            start = ((step * 2 + micro) * world_size + rank) * s3.MBS
-            loss = torch.nn.functional.mse_loss(engine(x[start:start + s3.MBS].to(dtype)).float(), y[start:start + s3.MBS])
-            engine.backward(loss)
-            engine.step()
-            losses.append(loss.item())
-    return losses
+    return s3.losses(engine, rank, world_size, first, last, STEPS)
 
 
 def parity(rank, world_size, root, bf16, states=False):
@@ -73,7 +62,6 @@ def checkpoint_and_removal(rank, world_size, root):
     """Save at step 3 and go on; then a run whose folder goes away fails by name, and a fresh engine
     resumes from the checkpoint with the same losses as the uninterrupted run."""
     import torch.distributed as dist
-    from launcher.zero.errors import NvmeOffloadError
     ckpt = os.path.join(root, "ckpt")
     for name in ("a", "b", "c"):
         os.makedirs(os.path.join(root, name), exist_ok=True)
@@ -83,11 +71,7 @@ def checkpoint_and_removal(rank, world_size, root):
     engine.save_checkpoint(ckpt, tag="s3")
     rest = train(engine, rank, world_size, 3, STEPS)
     shutil.rmtree(os.path.join(root, "a", f"dslaunch-rank{rank}"))
-    error = None
-    try:
-        train(engine, rank, world_size, 3, 4)
-    except NvmeOffloadError as exc:
-        error = f"{type(exc).__name__}: {exc}"
+    error = s3.nvme_error(train, engine, rank, world_size, 3, 4)
     dist.barrier()
     engine, _ = build("nvme", os.path.join(root, "b"))
     engine.load_checkpoint(ckpt, tag="s3")
@@ -125,11 +109,7 @@ def start_errors(rank, world_size, root, small):
     for name, path in (("missing", os.path.join(root, "no-such-folder")), ("small", small)):
         if path is None:
             continue
-        try:
-            build("nvme", path)
-            out[name] = None
-        except ConfigError as exc:
-            out[name] = f"{exc} | hint: {exc.hint}"
+        out[name] = s3.raised(ConfigError, build, "nvme", path)
     return out
 
 

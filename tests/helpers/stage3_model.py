@@ -49,3 +49,35 @@ def full_params(engine):
 def max_error(engine, ref):
     full = full_params(engine)
     return max((full[n] - p).abs().max().item() for n, p in ref.named_parameters())
+
+
+def losses(engine, rank, world_size, first, last, steps, gas=2):
+    """Steps ``first...last-1`` of a ``steps``-step run (micro-batches cast to the model's dtype, the
+    loss in fp32): every micro-step's loss, as the NVMe offload tests compare them."""
+    import torch
+    dtype = next(engine.module.parameters()).dtype
+    x, y = data(world_size, gas, steps)
+    out = []
+    for step in range(first, last):
+        for micro in range(gas):
+            start = ((step * gas + micro) * world_size + rank) * MBS
+            loss = torch.nn.functional.mse_loss(engine(x[start:start + MBS].to(dtype)).float(), y[start:start + MBS])
+            engine.backward(loss)
+            engine.step()
+            out.append(loss.item())
+    return out
+
+
+def raised(kind, call, *args, **kwargs):
+    """``'<Type>: <message> | hint: <hint>'`` for the ``kind`` of error ``call(...)`` raises, None if none."""
+    try:
+        call(*args, **kwargs)
+    except kind as exc:
+        return f"{type(exc).__name__}: {exc} | hint: {exc.hint}"
+    return None
+
+
+def nvme_error(call, *args):
+    """:func:`raised` for an NvmeOffloadError."""
+    from launcher.zero.errors import NvmeOffloadError
+    return raised(NvmeOffloadError, call, *args)

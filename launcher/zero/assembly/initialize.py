@@ -152,8 +152,7 @@ def _say_ready(engine: ZeroEngine, monitor: Monitor, param_count: int) -> None:
     precision = "fp16" if cfg.fp16.enabled else "bf16" if cfg.bf16.enabled else "fp32"
     monitor.log(ready_line(cfg.zero_stage, precision, engine.dist_context.world_size, param_count,
                            engine.memory_breakdown()))
-    nvme_line = engine.strategy.nvme_summary()
-    if nvme_line:
+    for nvme_line in (engine.strategy.nvme_summary() or "").splitlines():   # parameters, optimizer states
         monitor.log(nvme_line)
     engine.observer.advisor = start_advisor(engine, monitor)   # offload's bound (quiet without offload)
     if precision != "fp32" and engine.dist_context.device.type == "cpu":

@@ -242,7 +242,9 @@ def _named(value: Any, key: str) -> NamedConfig:
 
 def no_effect_notes(config: ZeroConfig) -> list[str]:
     """One line for each setting that loads but changes nothing here, for the engine to print."""
-    nvme = config.zero_optimization.offload_optimizer_active and config.zero_optimization.offload_optimizer.device == "nvme"
+    zero = config.zero_optimization
+    nvme = (zero.offload_optimizer_active and zero.offload_optimizer.device == "nvme") or \
+        (zero.offload_param is not None and zero.offload_param.device == "nvme")
     notes = [f"config section '{name}' is accepted but has no effect in this engine" for name in config.unsupported
              if "." not in name and not (nvme and name == "aio")]
     if nvme and "aio" in config.unsupported:
@@ -254,12 +256,11 @@ def no_effect_notes(config: ZeroConfig) -> list[str]:
               "key so and neither does this engine, so it has no effect" for name in config.unsupported if "." in name]
     notes += [f"config key '{key}' ({'set' if dataclasses.is_dataclass(value) else repr(value)}) is accepted "
               "but has no effect in this engine" for key, value in _set_without_effect(config, "")]
-    offload = config.zero_optimization.offload_param
-    if offload is not None and offload.device == "nvme":   # offload_optimizer's nvme is built (nvme_states.py)
-        notes.append(f"zero_optimization.offload_param.device 'nvme': parameter NVMe offload is not built; the "
-                     f"parameters are kept in host memory instead (nvme_path {offload.nvme_path} is not used), so "
-                     "size the host's memory for them as for device 'cpu' (dslaunch estimate counts them so); "
-                     "offload_optimizer's device 'nvme' is built")
+    offload = zero.offload_param
+    if offload is not None and offload.device == "nvme" and offload.max_in_cpu != 1_000_000_000:
+        notes.append(f"zero_optimization.offload_param.max_in_cpu ({offload.max_in_cpu}) has no effect: with device "
+                     "'nvme' every partitioned parameter's shard lives in the file, and host memory holds only "
+                     "buffer_count staging buffers of buffer_size elements")
     return notes
 
 

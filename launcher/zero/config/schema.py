@@ -57,8 +57,8 @@ class OffloadConfig:
     """`zero_optimization.offload_optimizer` / `offload_param`."""
 
     device: str = spec("none", "str", "where the tensors live", choices=("none", "cpu", "nvme"))
-    nvme_path: str | None = spec(None, "str", "folder for NVMe offload (optimizer states: one folder per rank "
-                                 "inside it)", nullable=True)
+    nvme_path: str | None = spec(None, "str", "folder for NVMe offload (optimizer states or parameters: one "
+                                 "folder per rank inside it)", nullable=True)
     pin_memory: bool = spec(True, "bool", "page-locked host buffers (True in 0.19.8)")
     ratio: float = spec(1.0, "float", "fraction of the optimizer states offloaded; the first 1 - ratio of "
                         "DeepSpeed's sub-groups keep theirs on the device (stages 1-3, device cpu; "
@@ -68,8 +68,10 @@ class OffloadConfig:
                                      min=0.0, max=1.0)
     buffer_count: int = spec(4, "int", "number of staging buffers (host slots of NVMe offload)", min=1)
     buffer_size: int = spec(100_000_000, "int", "elements per staging buffer (offload_optimizer nvme: a slot holds "
-                            "a third of it of the master and of each moment)", min=1)
-    max_in_cpu: int = spec(1_000_000_000, "int", "elements kept in CPU memory (offload_param)", min=0)
+                            "a third of it of the master and of each moment; offload_param nvme: at least a "
+                            "rank's largest parameter shard)", min=1)
+    max_in_cpu: int = spec(1_000_000_000, "int", "DeepSpeed's elements kept in CPU memory with offload_param nvme; "
+                           "no effect here (every shard is in the file; a note says so)", min=0)
     pipeline_read: bool = spec(False, "bool", "overlap NVMe reads (ours always read ahead)")
     pipeline_write: bool = spec(False, "bool", "overlap NVMe writes (ours always write behind)")
     fast_init: bool = spec(False, "bool", "fast NVMe initialisation")

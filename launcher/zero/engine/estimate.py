@@ -16,6 +16,11 @@ offload keeps the gradients on the device until the CPU Adam takes them a chunk 
 (stages/grad_feed.py), so the host holds the fp32 master and Adam's two moments, 12 bytes a
 parameter instead of 16, and the device holds the gradient shard (2 bytes) beside the 16-bit
 one. ``offload_optimizer.overlap_step`` keeps host gradient buffers: DeepSpeed's figures apply.
+Its figures also have stage 3 rows with ``offload_param=nvme`` (DeepSpeed's estimators have none):
+the parameter shards live in files, so the host holds the optimizer offload's states and only the
+parameters' staging buffers, ``buffer_count`` x ``buffer_size`` 16-bit elements per process at
+the config's defaults (``NVME_PARAM_STAGING_BYTES``); the device holds what it holds with
+``offload_param=cpu``.
 
 This module is pure arithmetic and imports torch only when handed a model.
 """
@@ -35,6 +40,9 @@ BYTES_FP32_STATE = 16   # fp32 grads 4 + fp32 master 4 + Adam exp_avg 4 + exp_av
 BYTES_FP32_LOAD = 4     # each process's fp32 copy of the model before it is partitioned
 BYTES_FED_HOST_STATE = 12   # stage 3 offload with fed gradients: fp32 master 4 + Adam moments 8
 ENGINES = ("deepspeed", "dslaunch")
+#: offload_param nvme: host bytes per process of its staging buffers (4 x 1e8 16-bit elements: the
+#: config's buffer_count and buffer_size defaults)
+NVME_PARAM_STAGING_BYTES = 4 * 100_000_000 * BYTES_PARAM_16BIT
 GIB = 2 ** 30
 
 
@@ -48,12 +56,14 @@ class Estimate:
     zero_init: bool
     gpu_bytes_per_device: int
     cpu_bytes_per_node: int
+    param_nvme: bool = False   # offload_param's device is nvme (dslaunch's figures only)
 
     def options(self) -> str:
         parts = [f"stage={self.stage}",
                  f"offload_optimizer={'cpu' if self.offload_optimizer else 'none'}"]
         if self.stage == 3:
-            parts.append(f"offload_param={'cpu' if self.offload_param else 'none'}")
+            where = "nvme" if self.param_nvme else "cpu" if self.offload_param else "none"
+            parts.append(f"offload_param={where}")
             parts.append(f"zero_init={int(self.zero_init)}")
         return ", ".join(parts)
 
@@ -72,11 +82,11 @@ class MemoryReport:
     engine: str = "deepspeed"   # whose figures: DeepSpeed's estimators or dslaunch's engine
 
     def row(self, stage: int, offload_optimizer: bool = False, offload_param: bool = False,
-            zero_init: bool = True) -> Estimate:
+            zero_init: bool = True, param_nvme: bool = False) -> Estimate:
         """The row for one configuration (zero_init matters at stage 3 only)."""
         for r in self.rows:
-            if (r.stage, r.offload_optimizer, r.offload_param) == (stage, offload_optimizer, offload_param) \
-                    and (stage != 3 or r.zero_init == zero_init):
+            if (r.stage, r.offload_optimizer, r.offload_param, r.param_nvme) == \
+                    (stage, offload_optimizer, offload_param, param_nvme) and (stage != 3 or r.zero_init == zero_init):
                 return r
         raise ConfigError(f"no estimate for stage {stage} with offload_optimizer={offload_optimizer}, "
                           f"offload_param={offload_param}",
@@ -198,6 +208,14 @@ def estimate_memory(model_or_num_params, num_gpus_per_node: int = 1, num_nodes: 
             cpu, gpu = zero3_needs(total, largest, num_gpus_per_node, num_nodes, offload, offload_param,
                                    zero_init, additional_buffer_factor, fed_grads=engine == "dslaunch")
             rows.append(Estimate(3, offload, offload_param, zero_init, gpu, cpu))
+    if engine == "dslaunch":   # offload_param nvme: the host keeps the states and the staging buffers only
+        for zero_init in (True, False):
+            cpu, _ = zero3_needs(total, largest, num_gpus_per_node, num_nodes, True, False, zero_init,
+                                 additional_buffer_factor, fed_grads=True)
+            _, gpu = zero3_needs(total, largest, num_gpus_per_node, num_nodes, True, True, zero_init,
+                                 additional_buffer_factor, fed_grads=True)
+            rows.append(Estimate(3, True, True, zero_init, gpu, cpu + num_gpus_per_node * NVME_PARAM_STAGING_BYTES,
+                                 param_nvme=True))
     return MemoryReport(total, largest, assumed, num_gpus_per_node, num_nodes,
                         additional_buffer_factor, tuple(rows), engine)
 
@@ -217,13 +235,13 @@ def fitting_configs(report: MemoryReport, gpu_bytes: int, cpu_bytes: int | None 
     """Rows whose needs fit `gpu_bytes` per device (and `cpu_bytes` per node when given), least offload first."""
     fits = [r for r in report.rows if r.gpu_bytes_per_device <= gpu_bytes
             and (cpu_bytes is None or r.cpu_bytes_per_node <= cpu_bytes)]
-    return sorted(fits, key=lambda r: (r.offload_param, r.offload_optimizer, r.stage, not r.zero_init))
+    return sorted(fits, key=lambda r: (r.offload_param, r.param_nvme, r.offload_optimizer, r.stage, not r.zero_init))
 
 
 def out_of_memory_hint(report: MemoryReport, stage: int, offload_optimizer: bool, offload_param: bool,
-                       gpu_bytes: int, cpu_bytes: int | None = None) -> str:
+                       gpu_bytes: int, cpu_bytes: int | None = None, param_nvme: bool = False) -> str:
     """The text an engine adds to an out-of-memory error: this config's needs and a change that fits."""
-    current = report.row(stage, offload_optimizer, offload_param)
+    current = report.row(stage, offload_optimizer, offload_param, param_nvme=param_nvme)
     lines = [f"model states need about {current.gpu_bytes_per_device / GIB:.2f} GiB per device "
              f"({current.options()}); the device has {gpu_bytes / GIB:.2f} GiB"]
     better = [r for r in fitting_configs(report, gpu_bytes, cpu_bytes) if r != current]
@@ -253,10 +271,11 @@ def out_of_memory_note(model, config, world_size: int, local_world_size: int, de
     offload_optimizer = bool(zero.offload_optimizer_active) and stage > 0
     offload_param = bool(zero.offload_param is not None and zero.offload_param.active) and stage == 3
     offload_optimizer = offload_optimizer or offload_param   # the estimator has no params-only row
+    nvme = offload_param and zero.offload_param.device == "nvme" and report.engine == "dslaunch"
     if torch.cuda.is_available() and (device is None or torch.device(device).type == "cuda"):
         total = torch.cuda.get_device_properties(device if device is not None else 0).total_memory
-        return out_of_memory_hint(report, stage, offload_optimizer, offload_param, int(total * 0.9))
-    row = report.row(stage, offload_optimizer, offload_param)
+        return out_of_memory_hint(report, stage, offload_optimizer, offload_param, int(total * 0.9), param_nvme=nvme)
+    row = report.row(stage, offload_optimizer, offload_param, param_nvme=nvme)
     return f"model states need about {row.gpu_bytes_per_device / GIB:.2f} GiB per device ({row.options()})"
 
 

@@ -35,11 +35,12 @@ def rank_folder(nvme_path: str, rank: int) -> str:
     return os.path.join(nvme_path, f"dslaunch-rank{rank}")
 
 
-def check_folder(nvme_path: str, rank: int) -> str:
-    """This rank's folder under ``nvme_path``, made and probed for writing before training."""
-    hint = "point offload_optimizer.nvme_path at an existing folder this user can write, on a local NVMe disk"
+def check_folder(nvme_path: str, rank: int, section: str = "offload_optimizer") -> str:
+    """This rank's folder under ``nvme_path`` (the key ``zero_optimization.<section>.nvme_path``),
+    made and probed for writing before training."""
+    hint = f"point {section}.nvme_path at an existing folder this user can write, on a local NVMe disk"
     if not os.path.isdir(nvme_path):
-        raise ConfigError(f"zero_optimization.offload_optimizer.nvme_path {nvme_path!r} is not a folder", hint=hint)
+        raise ConfigError(f"zero_optimization.{section}.nvme_path {nvme_path!r} is not a folder", hint=hint)
     folder = rank_folder(nvme_path, rank)
     try:
         os.makedirs(folder, exist_ok=True)
@@ -48,9 +49,20 @@ def check_folder(nvme_path: str, rank: int) -> str:
             handle.write(b"x")
         os.remove(probe)
     except OSError as error:
-        raise ConfigError(f"zero_optimization.offload_optimizer.nvme_path {nvme_path!r}: cannot write {folder} "
+        raise ConfigError(f"zero_optimization.{section}.nvme_path {nvme_path!r}: cannot write {folder} "
                           f"({error.strerror or error})", hint=hint) from None
     return folder
+
+
+@contextlib.contextmanager
+def io_guard(path: str, what: str, hint: str):
+    """An OSError reading or writing ``path`` -> one NvmeOffloadError naming it, with ``hint``."""
+    try:
+        yield
+    except NvmeOffloadError:
+        raise
+    except OSError as error:
+        raise NvmeOffloadError(f"NVMe offload: cannot {what} {path} ({error.strerror or error})", hint=hint) from None
 
 
 def _bytes_view(tensor: torch.Tensor):
@@ -129,17 +141,9 @@ class NvmeStates:
             out[kind] = tensor
         return out
 
-    @contextlib.contextmanager
     def _guard(self, path: str, what: str):
-        try:
-            yield
-        except NvmeOffloadError:
-            raise
-        except OSError as error:
-            raise NvmeOffloadError(
-                f"NVMe offload: cannot {what} {path} ({error.strerror or error})",
-                hint=f"keep {self.folder} in place with room for {self.disk_bytes()} bytes during training; "
-                     "resume from the last checkpoint (it holds the optimizer states)") from None
+        return io_guard(path, what, f"keep {self.folder} in place with room for {self.disk_bytes()} bytes during "
+                                    "training; resume from the last checkpoint (it holds the optimizer states)")
 
     # ---- the step -------------------------------------------------------------------------
     def feed(self, on_updated: Callable[[int, int, int, torch.Tensor], None]) -> "StateFeed":

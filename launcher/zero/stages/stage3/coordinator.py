@@ -154,6 +154,8 @@ class ParamCoordinator:
         self._in_forward = False
         #: whether a parameter may be gathered without waiting (prefetch stops at the first that may not)
         self.ready = None
+        #: offload_param nvme: starts reading the shards of the next module the prefetch left (nvme_params.py)
+        self.read_ahead = None
         # host-cost caches, see the class docstring
         self._own: dict[int, tuple[torch.nn.Parameter, ...]] = {}    # id(module) -> own partitioned params
         self._at: list[tuple[torch.nn.Parameter, ...]] | None = None  # per trace position, once recorded
@@ -411,6 +413,8 @@ class ParamCoordinator:
             start = self._frontier
         if start < len(self.trace):
             self._frontier = self._prefetch(start, len(self.trace), 1)
+            if self.read_ahead is not None and self._frontier < len(self.trace):
+                self.read_ahead(self._trace_params()[self._frontier])
 
     def _prefetch_before(self, param) -> None:
         """Backward runs the recorded order in reverse: fetch the modules before ``param``'s."""
@@ -426,6 +430,8 @@ class ParamCoordinator:
             start = self._back_frontier
         if start >= 0:
             self._back_frontier = self._prefetch(start, -1, -1)
+            if self.read_ahead is not None and self._back_frontier >= 0:
+                self.read_ahead(self._trace_params()[self._back_frontier])
 
     def _prefetch(self, start: int, stop: int, step: int) -> int:
         """Start the all-gathers of the released parameters of the modules at trace positions

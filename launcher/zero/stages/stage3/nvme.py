@@ -9,6 +9,8 @@ import contextlib
 import torch
 
 from launcher.zero.stages.nvme_states import MOMENTS, NvmeStates, check_folder
+from launcher.zero.stages.stage3 import params as P
+from launcher.zero.stages.stage3.nvme_params import ParamFiles
 from launcher.zero.errors import ConfigError, NvmeOffloadError
 
 #: elements of the widest vector the CPU Adam kernel uses (AVX-512 fp32 x 4): NVMe chunks are multiples
@@ -38,6 +40,19 @@ class Stage3Nvme:
         optimizer.chunk_elements = chunk
         return NvmeStates(folder, chunk, int(offload.buffer_count))
 
+    def _start_param_files(self, zero) -> ParamFiles | None:
+        """offload_param.device nvme: this rank's folder checked now (the shards go to it once the
+        masters are built: ParamFiles.adopt); else None."""
+        offload = zero.offload_param
+        if offload is None or offload.device != "nvme":
+            return None
+        if zero.offload_optimizer is not None and zero.offload_optimizer.overlap_step:
+            raise ConfigError("zero_optimization.offload_optimizer.overlap_step with offload_param.device 'nvme': "
+                              "the background step would write the parameters' file while the next forward "
+                              "reads it", hint="remove overlap_step, or use offload_param.device 'cpu'")
+        folder = check_folder(offload.nvme_path, self.context.dist_context.rank, section="offload_param")
+        return ParamFiles(folder, offload.buffer_count, offload.buffer_size, offload.pin_memory)
+
     def _master_to_files(self, master, optimizer, nvme_path: str) -> torch.Tensor:
         """nvme: a group's master and zero moments written whole now (the disk space reserved before
         training: a disk too small refuses the start, not a later step)."""
@@ -57,14 +72,22 @@ class Stage3Nvme:
                 return
             for p, slot in zip(self.group_params[position], self.group_slots[position]):
                 low, high = max(start, slot.offset), min(end, slot.offset + slot.length)
-                if low < high:
+                if low < high and not slot.persistent and p.ds_state.swap is not None:   # offload_param nvme
+                    p.ds_state.swap.write(p.ds_state, values[low - start:high - start], low - slot.offset)
+                elif low < high:
                     target = p.data.view(-1) if slot.persistent else p.ds_state.shard
                     target[low - slot.offset:high - slot.offset].copy_(values[low - start:high - start])
 
     def nvme_summary(self) -> str | None:
-        """The start line of NVMe offload: where the states go, bytes on disk per parameter, host slots."""
-        if self.nvme is None:
-            return None
+        """The start lines of NVMe offload: where the parameters and the states go, bytes on disk per
+        parameter, host buffers."""
+        lines = [] if self.param_files is None else [self.param_files.summary(
+            sum(p.ds_state.shard_numel for p in dict.fromkeys(self.module.parameters()) if P.is_partitioned(p)))]
+        if self.nvme is not None:
+            lines.append(self._states_summary())
+        return "\n".join(lines) or None
+
+    def _states_summary(self) -> str:
         nvme, numel = self.nvme, sum(m.numel() for m in self.masters)
         kinds = nvme.groups[0] if nvme.groups else {}
         names = " + ".join(f"{k} {dtype}".replace("torch.", "") for k, (_, dtype, _) in kinds.items())

@@ -65,6 +65,7 @@ class ShardState:
     work: Any = None                  # the pending all-gather while inflight
     on_update: list[Callable[[torch.nn.Parameter], None]] = field(default_factory=list)
     before_read: Callable[[torch.nn.Parameter], None] | None = None   # overlap_step: wait for the update
+    swap: Any = None                  # offload_param nvme: the file holding the shard (nvme_params.py)
 
     @property
     def shard_numel(self) -> int:
@@ -118,7 +119,7 @@ def start_gather(param: torch.nn.Parameter, async_op: bool = False) -> None:
         return
     if state.before_read is not None:
         state.before_read(param)
-    source = state.shard.to(state.device, non_blocking=True)
+    source = shard_values(state, state.device).to(state.device, non_blocking=True)
     if state.world_size == 1:   # the shard is the whole parameter: no copy
         buffer, work = source, None
     else:
@@ -177,10 +178,20 @@ def update_shard_from_full(param: torch.nn.Parameter, full: torch.Tensor) -> Non
     state: ShardState = param.ds_state
     flat = full.reshape(-1)
     start, end = shard_range(state.numel, state.world_size, state.rank)
-    if end > start:
+    if end > start and state.swap is not None:
+        state.swap.write(state, flat[start:end])
+    elif end > start:
         state.shard[: end - start].copy_(flat[start:end])
     for callback in state.on_update:
         callback(param)
+
+
+def shard_values(state: ShardState, device: torch.device | None = None) -> torch.Tensor:
+    """The shard's values: the shard itself, or with offload_param nvme a copy read from its file
+    (on ``device``, the CPU unless given)."""
+    if state.swap is None:
+        return state.shard
+    return state.swap.read(state, device or torch.device("cpu"))
 
 
 def full_numel(param: torch.Tensor) -> int:

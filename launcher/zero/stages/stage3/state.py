@@ -73,12 +73,12 @@ class Stage3State:
             for position, (params, slots) in enumerate(zip(self.group_params, self.group_slots)):
                 for p, slot in zip(params, slots):
                     self.nvme.write_master(position, slot.offset,
-                                           p.data.reshape(-1) if slot.persistent else p.ds_state.shard)
+                                           p.data.reshape(-1) if slot.persistent else P.shard_values(p.ds_state))
             return
         with torch.no_grad():
             for params, slots, master in zip(self.group_params, self.group_slots, self.masters):
                 for p, slot in zip(params, slots):
-                    source = p.data.reshape(-1) if slot.persistent else p.ds_state.shard
+                    source = p.data.reshape(-1) if slot.persistent else P.shard_values(p.ds_state)
                     view = master[slot.offset:slot.offset + slot.length]
                     if source.data_ptr() != view.data_ptr():
                         view.copy_(source)

@@ -12,6 +12,8 @@ With ``offload_optimizer`` the masters, their gradients and the optimizer state 
 With ``offload_optimizer.device: nvme`` the masters and Adam's moments live in files instead,
 read and written a chunk at a time around the CPU Adam (nvme_states.py); ``self.masters`` then
 holds placeholders of the right shape, real only inside ``states_resident`` (checkpoints).
+With ``offload_param.device: nvme`` the shards live in one file per rank and each ``ds_state.shard``
+is a placeholder: gathers read them, the step and any change write them (stage3/nvme_params.py).
 """
 from __future__ import annotations
 
@@ -75,6 +77,7 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
         self.offload_param = zero.offload_param is not None and zero.offload_param.active
         pin = bool(self.offload_optimizer and zero.offload_optimizer.pin_memory)
         self.nvme, self._nvme_resident = self._start_nvme(zero, optimizer), False
+        self.param_files = self._start_param_files(zero)
         host_grads, grad_dtype = self._place_gradients(zero, optimizer)
         self.master_device = torch.device("cpu") if self.offload_optimizer else ctx.dist_context.device
         self.shard_device = torch.device("cpu") if self.offload_param else ctx.dist_context.device
@@ -96,6 +99,8 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
             for params, on_device in parts:
                 self._add_position(params, names, on_device, pin, (host_grads, grad_dtype))
             optimizer.param_groups[index]["params"] = self.masters[len(self.masters) - len(parts):]
+        if self.param_files is not None:   # the shards to their file; placeholders stay (nvme_params.py)
+            self.param_files.adopt([p for p in dict.fromkeys(module.parameters()) if P.is_partitioned(p)])
         cuda = ctx.dist_context.device.type == "cuda" and torch.cuda.is_available()
         self._copy_stream = torch.cuda.Stream(device=ctx.dist_context.device) if cuda and host_grads else None
         self.feed = self._start_feed(optimizer, pin) if self.device_grads else None
@@ -103,6 +108,8 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
             optimizer.state_feed = self.nvme_feed = self.nvme.feed(self._copy_chunk)
         self.coordinator = ParamCoordinator(module, self.options)
         self.coordinator.install()
+        if self.param_files is not None:
+            self.coordinator.read_ahead = self.param_files.read_ahead
         self._overlap_helper = None
         self.spare_grads: list[torch.Tensor] = []   # overlap_step's second gradient buffers
         if self.offload_optimizer and zero.offload_optimizer.overlap_step:
@@ -262,7 +269,9 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
                             position, o, param.data.reshape(-1))
                     else:
                         p.ds_state.on_update.append(lambda param, o=slot.offset: nvme.write_master(
-                            position, o, param.ds_state.shard))
+                            position, o, P.shard_values(param.ds_state)))
+                elif self.param_files is not None and not slot.persistent:   # the shard goes to a file
+                    p.ds_state.on_update.append(lambda param, v=view: v.copy_(P.shard_values(param.ds_state)))
                 elif source.dtype == master_dtype and source.device == master.device:
                     if slot.persistent:
                         p.data = view.view(slot.shape)
@@ -284,7 +293,8 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
         instead of one per parameter. None where the shards live elsewhere (offload_param)."""
         device = self.context.dist_context.device
         tensors = [p.data if slot.persistent else p.ds_state.shard for p, slot in zip(params, slots)]
-        if not tensors or any(t.device != device or t.dtype != tensors[0].dtype for t in tensors):
+        if not tensors or self.param_files is not None or any(
+                t.device != device or t.dtype != tensors[0].dtype for t in tensors):
             return None
         flat = torch.empty(total, dtype=tensors[0].dtype, device=device)
         with torch.no_grad():
@@ -380,6 +390,9 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
         with torch.no_grad():
             for p, slot in zip(params[first:last], slots[first:last]):
                 view = master[slot.offset:slot.offset + slot.length]
+                if not slot.persistent and p.ds_state.swap is not None:   # offload_param nvme: to the file
+                    p.ds_state.swap.write(p.ds_state, view)
+                    continue
                 target = p.data.view(-1) if slot.persistent else p.ds_state.shard
                 if target.data_ptr() != view.data_ptr():
                     if view.device != target.device and view.dtype != target.dtype:
@@ -420,6 +433,8 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
             self._overlap_helper.remove()
         if self.nvme is not None:
             self.nvme_feed.close()
+        if self.param_files is not None:
+            self.param_files.close()
 
     def compile_units(self, blocks: list[torch.nn.Module], rest: bool = False) -> None:
         """``engine.compile()``: gather each block's parameters as one, around its compiled forward;
@@ -441,7 +456,8 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
     def memory_breakdown(self) -> dict[str, int]:
         def nbytes(t):
             return t.numel() * t.element_size()
-        shards = sum(nbytes(p.ds_state.shard) for p in self.module.parameters() if P.is_partitioned(p))
+        shards = sum(nbytes(p.ds_state.shard) for p in self.module.parameters()
+                     if P.is_partitioned(p) and p.ds_state.swap is None)   # nvme: in the file, not here
         whole = sum(nbytes(p.data) for p in self.module.parameters() if not P.is_partitioned(p))
         masters = 0 if self.aliased or self.nvme is not None else sum(nbytes(m) for m in self.masters)
         parts = {"parameters": shards + whole, "gradients": sum(nbytes(g) for g in self.grads),
@@ -453,4 +469,6 @@ class Stage3Strategy(Stage3GradReduce, Stage3Nvme, Stage3State, ZeroStrategy):
             parts["host_gradients"] = sum(nbytes(g) for g in host + (self.feed.slots if self.feed else []))
         if self.nvme is not None:   # the states' host slots; the states themselves are on disk
             parts["nvme_buffers"] = self.nvme_feed.host_bytes()
+        if self.param_files is not None:   # the parameters' staging buffers; the shards are on disk
+            parts["nvme_param_buffers"] = self.param_files.host_bytes()
         return parts
