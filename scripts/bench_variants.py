@@ -156,14 +156,15 @@ RATIO_SUB_GROUP = 25_000_000   # elements per rank: the 406M GPT in about 16 sub
 
 def engine_config(stage: int, offload: bool, settings: Settings, overlap: bool = False,
                   offload_param: bool = False, fp32: bool = False, bf16_states: bool = False,
-                  nvme: bool = False, ratio: float = 1.0) -> dict:
+                  nvme: bool = False, ratio: float = 1.0, param_nvme: bool = False) -> dict:
     """The DeepSpeed-style config both our engine and DeepSpeed get for a stage
     (``overlap``: ours only, the offloaded step in the background, ``overlap_step``;
     ``offload_param``: stage 3's parameters in host memory too; ``fp32``: bf16 off;
     ``bf16_states``: bf16 master weights, gradients and Adam moments, DeepSpeed 0.19.8's two keys;
     ``nvme``: the optimizer states in files under $DSLAUNCH_BENCH_NVME, default /tmp/dslaunch-bench-nvme;
     ``ratio`` below 1: ``offload_optimizer.ratio``, the first 1 - ratio of DeepSpeed's sub-groups stepped on
-    the device, with ``sub_group_size`` RATIO_SUB_GROUP so that the 406M GPT has sub-groups to split)."""
+    the device, with ``sub_group_size`` RATIO_SUB_GROUP so that the 406M GPT has sub-groups to split;
+    ``param_nvme``: stage 3's parameter shards in a file under the same folder, ``offload_param.device`` nvme)."""
     zero: dict = {"stage": stage}
     if offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
@@ -178,6 +179,10 @@ def engine_config(stage: int, offload: bool, settings: Settings, overlap: bool =
             zero["sub_group_size"] = RATIO_SUB_GROUP
     if offload_param:
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+        if param_nvme:
+            folder = os.environ.get("DSLAUNCH_BENCH_NVME", "/tmp/dslaunch-bench-nvme")
+            os.makedirs(folder, exist_ok=True)
+            zero["offload_param"].update(device="nvme", nvme_path=folder)
     return {
         "train_micro_batch_size_per_gpu": settings.batch,
         "gradient_accumulation_steps": 1,
@@ -223,7 +228,7 @@ def torch_pinned_host_buffers() -> None:
 
 def ours(stage: int, offload: bool = False, overlap: bool = False, compiled: bool = False,
          offload_param: bool = False, fp32: bool = False, trace: bool | None = None, torch_pinned: bool = False,
-         bf16_states: bool = False, nvme: bool = False, ratio: float = 1.0):
+         bf16_states: bool = False, nvme: bool = False, ratio: float = 1.0, param_nvme: bool = False):
     """Our engine, launcher.zero, at a stage (with optimizer offload to CPU if asked; compiled:
     the whole module at stages 0-2, per block and the top at stage 3; fp32: bf16 off; trace True/False: the inf/NaN
     trace, ``non_finite.trace`` (off by default), on/off; torch_pinned: see torch_pinned_host_buffers;
@@ -240,7 +245,8 @@ def ours(stage: int, offload: bool = False, overlap: bool = False, compiled: boo
             zero.initialize  # noqa: B018 - lazy attribute: imports the engine
         except (ImportError, AttributeError) as exc:
             raise Unavailable(f"launcher.zero.initialize not importable: {exc}") from None
-        config = engine_config(stage, offload, settings, overlap, offload_param, fp32, bf16_states, nvme, ratio)
+        config = engine_config(stage, offload, settings, overlap, offload_param, fp32, bf16_states, nvme, ratio,
+                               param_nvme)
         if compiled:   # the engine's own path: zero.initialize compiles (engine.compile)
             config["compile"] = compile_config(settings)
         if trace is not None:
@@ -315,6 +321,9 @@ VARIANTS: dict[str, Callable[[torch.nn.Module, Settings], Step]] = {
     # ZeRO-Infinity's optimizer states on NVMe (issue 43 item 4; stage 3 only, as in DeepSpeed)
     "zero3_offload_nvme": ours(3, offload=True, nvme=True),
     "zero3_offload_nvme_bf16states": ours(3, offload=True, nvme=True, bf16_states=True),
+    # ... and the parameters' shards in a file too (offload_param.device nvme), the optimizer on the CPU or on NVMe
+    "zero3_offload_all_pnvme": ours(3, offload=True, offload_param=True, param_nvme=True),
+    "zero3_offload_all_nvme": ours(3, offload=True, offload_param=True, param_nvme=True, nvme=True),
     # offload_optimizer.ratio (issue 43 item 2): half of the optimizer states and their step kept on the GPU
     "zero3_offload_ratio50": ours(3, offload=True, ratio=0.5),
     "zero3_offload_overlap_ratio50": ours(3, offload=True, overlap=True, ratio=0.5),
