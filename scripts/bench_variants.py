@@ -154,6 +154,13 @@ def fsdp2_compile(model: torch.nn.Module, settings: Settings) -> Step:
 RATIO_SUB_GROUP = 25_000_000   # elements per rank: the 406M GPT in about 16 sub-groups, a 1/16 cut
 
 
+def bench_nvme_folder() -> str:
+    """The folder NVMe offload's files go to: $DSLAUNCH_BENCH_NVME, default /tmp/dslaunch-bench-nvme (made here)."""
+    folder = os.environ.get("DSLAUNCH_BENCH_NVME", "/tmp/dslaunch-bench-nvme")
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
 def engine_config(stage: int, offload: bool, settings: Settings, overlap: bool = False,
                   offload_param: bool = False, fp32: bool = False, bf16_states: bool = False,
                   nvme: bool = False, ratio: float = 1.0, param_nvme: bool = False) -> dict:
@@ -169,9 +176,7 @@ def engine_config(stage: int, offload: bool, settings: Settings, overlap: bool =
     if offload:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
         if nvme:
-            folder = os.environ.get("DSLAUNCH_BENCH_NVME", "/tmp/dslaunch-bench-nvme")
-            os.makedirs(folder, exist_ok=True)
-            zero["offload_optimizer"].update(device="nvme", nvme_path=folder)
+            zero["offload_optimizer"].update(device="nvme", nvme_path=bench_nvme_folder())
         if overlap:
             zero["offload_optimizer"]["overlap_step"] = True
         if ratio < 1.0:
@@ -180,9 +185,7 @@ def engine_config(stage: int, offload: bool, settings: Settings, overlap: bool =
     if offload_param:
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
         if param_nvme:
-            folder = os.environ.get("DSLAUNCH_BENCH_NVME", "/tmp/dslaunch-bench-nvme")
-            os.makedirs(folder, exist_ok=True)
-            zero["offload_param"].update(device="nvme", nvme_path=folder)
+            zero["offload_param"].update(device="nvme", nvme_path=bench_nvme_folder())
     return {
         "train_micro_batch_size_per_gpu": settings.batch,
         "gradient_accumulation_steps": 1,
