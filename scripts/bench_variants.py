@@ -272,9 +272,10 @@ def ours(stage: int, offload: bool = False, overlap: bool = False, compiled: boo
 
 
 def deepspeed(stage: int, offload: bool = False, compiled: bool = False, offload_param: bool = False,
-              fp32: bool = False, bf16_states: bool = False):
+              fp32: bool = False, bf16_states: bool = False, ratio: float = 1.0):
     """DeepSpeed (when installed) on the same config; FusedAdam / DeepSpeedCPUAdam; compiled:
-    DeepSpeed 0.19.8's ``engine.compile(backend=...)`` (the whole module)."""
+    DeepSpeed 0.19.8's ``engine.compile(backend=...)`` (the whole module); ``ratio``: its
+    ``offload_optimizer.ratio`` (stage 3 only in 0.19.8)."""
 
     def build(model: torch.nn.Module, settings: Settings) -> Step:
         if settings.device.type != "cuda":
@@ -292,7 +293,7 @@ def deepspeed(stage: int, offload: bool = False, compiled: bool = False, offload
             params = split_params_into_different_moe_groups_for_optimizer({"params": params, "name": "params"})
         engine, _, _, _ = ds.initialize(model=model, model_parameters=params,
                                         config=engine_config(stage, offload, settings, offload_param=offload_param,
-                                                              fp32=fp32, bf16_states=bf16_states))
+                                                              fp32=fp32, bf16_states=bf16_states, ratio=ratio))
         if compiled:
             engine.compile(backend=settings.compile_backend, compile_kwargs={})
         return _engine_step(engine)
@@ -340,6 +341,9 @@ VARIANTS: dict[str, Callable[[torch.nn.Module, Settings], Step]] = {
     "ds_zero2_offload": deepspeed(2, offload=True),
     "ds_zero3_offload": deepspeed(3, offload=True),
     "ds_zero3_offload_all": deepspeed(3, offload=True, offload_param=True),
+    # DeepSpeed's own partial offload beside ours (zero3_offload[_overlap]_ratio{r}'s twin)
+    **{f"ds_zero3_offload{b}_ratio{r}": deepspeed(3, offload=True, bf16_states=bool(b), ratio=r / 100)
+       for b in ("", "_bf16states") for r in range(10, 100, 5)},
     **{f"zero{s}_compile": ours(s, compiled=True) for s in range(4)},
     **{f"ds_zero{s}_compile": deepspeed(s, compiled=True) for s in range(4)},
     # fp32 throughout (issue 39: is MoE's bf16 gap to DeepSpeed routing noise or a real difference?)
