@@ -84,7 +84,8 @@ def checkpoints(rank, world_size, root):
 
 
 def full_disk(rank, world_size, root):
-    """An injected ENOSPC from the writer: the step that writes the shards back fails by name."""
+    """An injected ENOSPC from the writer: the shards are written back on the I/O thread, so the failure
+    is raised by the next step's first gather, on every rank at the same place, by name."""
     from launcher.zero.stages.stage3 import nvme_params
     os.makedirs(os.path.join(root, "full"), exist_ok=True)
     engine = build("nvme", os.path.join(root, "full"))
@@ -94,7 +95,7 @@ def full_disk(rank, world_size, root):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     real, nvme_params._pwrite_all = nvme_params._pwrite_all, no_space
     try:
-        error = s3.nvme_error(train, engine, rank, world_size, 1, 2)
+        error = s3.nvme_error(train, engine, rank, world_size, 1, 3)
     finally:
         nvme_params._pwrite_all = real
     return {"case": "full", "error": error, "path": engine.strategy.param_files.path}

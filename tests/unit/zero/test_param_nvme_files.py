@@ -133,14 +133,48 @@ def test_a_removed_folder_and_a_full_disk_fail_by_the_files_name(tmp_path, monke
     def no_space(*_):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     monkeypatch.setattr(nvme_params, "_pwrite_all", no_space)
+    for param in params:   # queued, each failing on the I/O thread: the write itself raises nothing,
+        files.write(param.ds_state, torch.zeros(4))   # so every rank fails at the same next gather
     with pytest.raises(NvmeOffloadError, match="cannot write .*params.shards .No space left") as error:
-        files.write(params[0].ds_state, torch.zeros(4))
+        files.read(params[2].ds_state, torch.device("cpu"))
     assert str(tmp_path) in error.value.hint
+    with pytest.raises(NvmeOffloadError, match="No space left"):   # and every later one, and flush
+        files.flush()
+    assert len(files._free) == 3 and not files._writes
+    files._failure = None
     os.remove(files.path)
     with pytest.raises(NvmeOffloadError, match=f"cannot read {files.path}"):
         files.read(params[0].ds_state, torch.device("cpu"))
     assert len(files._free) == 3    # the buffer came back
     files.close()
+
+
+def test_writes_run_on_the_io_thread_in_order_bounded_by_the_staging_buffers(tmp_path, monkeypatch):
+    """The step's writes leave the training thread; a read queued after a write sees its values, and
+    the copies waiting to be written never hold more bytes than the staging buffers."""
+    import threading
+    import time
+
+    from launcher.zero.stages.stage3 import nvme_params
+    files, params = _files(tmp_path)   # 3 buffers of 4 fp32 elements: 48 bytes of pending writes at most
+    writers, real = [], nvme_params._pwrite_all
+
+    def slow_write(*args):
+        writers.append(threading.current_thread().name)
+        time.sleep(0.05)   # the disk is slow: the caller must not wait for it, and a read must
+        real(*args)
+    monkeypatch.setattr(nvme_params, "_pwrite_all", slow_write)
+    first = params[0].ds_state
+    for value in range(1, 9):   # 8 writes of 16 bytes: no more than 3 may be pending at once
+        files.write(first, torch.full((4,), float(value)))
+        assert files.pending_bytes <= files.write_budget() == 48
+    assert files.most_pending_bytes == 48
+    assert files.read(first, torch.device("cpu")).tolist() == [8, 8, 8, 8]
+    assert writers and all(name.startswith("dslaunch-nvme-params") for name in writers), writers
+    files.write(params[1].ds_state, torch.tensor([5.0]), start=3)
+    files.close()   # the last write is finished before the thread stops
+    with open(files.path, "rb") as handle:
+        assert torch.frombuffer(bytearray(handle.read()), dtype=torch.float32)[4:8].tolist() == [10, 11, 12, 5]
 
 
 def test_estimate_counts_only_staging_buffers_for_nvme_params():

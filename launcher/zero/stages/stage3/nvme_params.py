@@ -11,8 +11,13 @@ staging buffers of ``buffer_size`` elements (DeepSpeed's meaning of the keys):
 * the coordinator reads ahead: while a module computes, the shards of the next module it has not
   started gathering are read into the free buffers on one background thread (one buffer is
   always left for a gather that was not read ahead);
-* after the optimizer step (and after any change to a parameter) the updated values are written
-  to the file at once, in the caller's thread; a read ahead of the same shard is dropped first.
+* after the optimizer step (and after any change to a parameter) the updated values are copied
+  out and written on the same thread, in order, so the writes overlap what the caller does next
+  (the next chunk's Adam step, the next forward) and a later read of the shard sees them; the
+  pending writes hold at most as many bytes as the staging buffers (a write waits for the oldest
+  beyond that); a read ahead of the same shard started before the write is dropped first; a failed
+  write is raised by the next read (the next gather: the same place on every rank, so no rank is
+  left waiting in a collective the failed one never reaches) or ``flush``.
 
 Plain ``os.pread``/``os.pwrite`` as for the optimizer states (stages/nvme_states.py): the file is
 written whole at start, so its space is reserved then; it is opened for each read and write, so
@@ -21,6 +26,7 @@ a folder removed mid-run fails the next gather or step by name (NvmeOffloadError
 from __future__ import annotations
 
 import os
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -44,6 +50,9 @@ class ParamFiles:
         self._free: list[int] = []
         self._ahead: dict[int, tuple[Future, int]] = {}   # id(state) -> (its read, the buffer it fills)
         self.reads = self.reads_ahead = 0   # shards read for gathers, and how many of them had been read ahead
+        self._writes: deque[tuple[Future, int]] = deque()   # pending writes, oldest first: (future, bytes)
+        self.pending_bytes = self.most_pending_bytes = 0
+        self._failure: BaseException | None = None   # the first write that failed, raised by every later read
         self._io = ThreadPoolExecutor(1, thread_name_prefix="dslaunch-nvme-params")
 
     # ---- set-up ---------------------------------------------------------------------------
@@ -91,12 +100,13 @@ class ParamFiles:
                 raise
         else:
             index = self._take_buffer()
-            try:
-                self._read_into(state, index)
+            try:   # on the I/O thread, after the writes queued before it
+                self._io.submit(self._read_into, state, index).result()
             except BaseException:
                 self._free.append(index)
                 raise
         try:
+            self._raise_failed_writes()
             return self._view(state, index).to(device, copy=True)
         finally:
             self._free.append(index)
@@ -139,22 +149,55 @@ class ParamFiles:
 
     # ---- writes ---------------------------------------------------------------------------
     def write(self, state, values: torch.Tensor, start: int = 0) -> None:
-        """Elements ``start...`` of the shard from ``values`` (cast to the shard's dtype)."""
+        """Queue elements ``start...`` of the shard from ``values`` (a copy, cast to the shard's dtype)."""
         if id(state) in self._ahead:   # read before this change: stale
             self._free.append(self._drop(id(state)))
         offset, _, dtype = self.places[id(state)]
-        data = values.detach().to(device="cpu", dtype=dtype).contiguous()
+        data = torch.empty(values.numel(), dtype=dtype)
+        data.copy_(values.detach().reshape(-1))   # the caller may reuse values at once
+        while self._writes and self.pending_bytes + data.nbytes > self.write_budget():
+            self._finish_oldest_write()
+        self._writes.append((self._io.submit(self._write_at, data, offset + start * dtype.itemsize), data.nbytes))
+        self.pending_bytes += data.nbytes
+        self.most_pending_bytes = max(self.most_pending_bytes, self.pending_bytes)
+
+    def write_budget(self) -> int:
+        """The bytes pending writes may hold: as many as the staging buffers."""
+        return max(1, self.host_bytes())
+
+    def flush(self) -> None:
+        """Wait for every queued write; the first that failed is raised."""
+        while self._writes:
+            self._finish_oldest_write()
+        self._raise_failed_writes()
+
+    def _write_at(self, data: torch.Tensor, offset: int) -> None:
         with self._guard("write"):
             fd = os.open(self.path, os.O_WRONLY)
             try:
-                _pwrite_all(fd, _bytes_view(data), offset + start * dtype.itemsize)
+                _pwrite_all(fd, _bytes_view(data), offset)
             finally:
                 os.close(fd)
 
+    def _finish_oldest_write(self) -> None:
+        future, size = self._writes.popleft()
+        self.pending_bytes -= size
+        error = future.exception()
+        self._failure = self._failure or error
+
+    def _raise_failed_writes(self) -> None:
+        while self._writes and self._writes[0][0].done():
+            self._finish_oldest_write()
+        if self._failure is not None:
+            raise self._failure
+
     def close(self) -> None:
-        """The engine is destroyed: stop the thread (the file stays for a later look)."""
+        """The engine is destroyed: finish the writes (a failure is left to the read that meets it: a
+        checkpoint reads every shard), stop the thread (the file stays for a later look)."""
         for key in list(self._ahead):
             self._free.append(self._drop(key))
+        while self._writes:
+            self._finish_oldest_write()
         self._io.shutdown(wait=True)
 
     def _guard(self, what: str):
@@ -169,4 +212,5 @@ class ParamFiles:
                 f"parameter ({self.disk_bytes} bytes for this rank's {numel} elements); host memory for them: "
                 f"{self.buffer_count} staging buffers (buffer_count) of {self.buffer_size} elements (buffer_size), "
                 f"{self.host_bytes()} bytes; a module's shards are read before its all-gather, the next module's "
-                "read ahead on one thread, and the updated shards written back after each step")
+                "read ahead on one thread, and the updated shards written back on it after each step, "
+                "while training goes on")
