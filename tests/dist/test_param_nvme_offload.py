@@ -90,6 +90,7 @@ def full_disk(rank, world_size, root):
     os.makedirs(os.path.join(root, "full"), exist_ok=True)
     engine = build("nvme", os.path.join(root, "full"))
     train(engine, rank, world_size, 0, 1)
+    engine.strategy.param_files.flush()   # the first step's writes are on disk before the disk "fills"
 
     def no_space(*_):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -63,7 +63,7 @@ class OffloadConfig:
     ratio: float = spec(1.0, "float", "fraction of the optimizer states offloaded; the first 1 - ratio of "
                         "DeepSpeed's sub-groups keep theirs on the device (stages 1-3, device cpu; "
                         "DeepSpeed 0.19.8: stage 3 only)", min=0.0, max=1.0)
-    super_offload: bool = spec(False, "bool", "DeepSpeed's SuperOffload (not built: must be false; issue 43 builds it)")
+    super_offload: bool = spec(False, "bool", "DeepSpeed's SuperOffload (not built: must be false)")
     cpuadam_cores_perc: float = spec(0.8, "float", "with super_offload only: the share of CPU cores its Adam uses",
                                      min=0.0, max=1.0)
     buffer_count: int = spec(4, "int", "number of staging buffers (host slots of NVMe offload)", min=1)
@@ -125,7 +125,7 @@ class ZeroOptimizationConfig:
     mics_shard_size: int = spec(-1, "int", "MiCS (not built, and removed from DeepSpeed 0.19: must be -1)")
     mics_hierarchical_params_gather: bool = spec(False, "bool", "MiCS (not built, and removed from DeepSpeed 0.19: "
                                                  "must be false)")
-    zenflow: dict | None = spec(None, "dict", "DeepSpeed's ZenFlow (not built: must be null; issue 43 builds it)",
+    zenflow: dict | None = spec(None, "dict", "DeepSpeed's ZenFlow (not built: must be null)",
                                 nullable=True)
     cpu_offload: bool | None = spec(None, "bool", "legacy: true means offload_optimizer.device=cpu", nullable=True)
     cpu_offload_params: bool | None = spec(None, "bool", "legacy: offload_param.device=cpu", nullable=True, aliases=("cpu_offload_param",))
