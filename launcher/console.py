@@ -82,6 +82,12 @@ def failure_summary(failure: RankExit, lines: int = 10, exits: tuple[RankExit, .
         others = _others(failure, exits) or "; every other rank was stopped"
         return f"{failure.describe()}: the engine stopped it on a {kind} (the message is above){others}"
     text = failure.describe()
+    raised = raised_exception(tail)
+    if raised is not None:   # the cause, in the summary's first line: not only "exited with code 1"
+        text += f": {raised}"
+        if failure.returncode < 0:
+            text += (" (the script raised it; the signal came after, as the process exited with its "
+                     "process group still open)")
     if failure.returncode == 2:
         text += " (the script's own exit code 2, not a dslaunch usage error)"
     text += _others(failure, exits) or " (the first failure; every other rank was stopped)"
@@ -94,6 +100,20 @@ def failure_summary(failure: RankExit, lines: int = 10, exits: tuple[RankExit, .
 
 
 _ENGINE_ERROR = re.compile(r"^dslaunch: ([a-z ]+ error|not supported): ")
+_TORCH_PREFIX = re.compile(r"^\[rank\d+\]: ?")
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure)\b(:.*)?$")
+
+
+def raised_exception(tail: list[str]) -> str | None:
+    """The exception line of the last Python traceback in a rank's last lines ("ValueError: ..."), or
+    None when they hold no traceback (or it was cut before its end)."""
+    lines = [_TORCH_PREFIX.sub("", line).rstrip() for line in tail]
+    start = max((i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")),
+                default=None)
+    if start is None:
+        return None
+    found = [line for line in lines[start + 1:] if _EXCEPTION_LINE.match(line)]
+    return found[0][:300] if found else None
 _LOCAL_RANK_REJECTED = re.compile(r"error: unrecognized arguments:.*--local_rank")
 
 

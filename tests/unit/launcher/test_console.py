@@ -47,3 +47,26 @@ def test_torch_distributed_rank_prefix_is_not_doubled(capsys):
     for rank, line, _shown in PREFIXED:
         console.print_rank_line(RankOutput(rank, "stderr", line))
     assert capsys.readouterr().err.splitlines() == [shown for _r, _l, shown in PREFIXED]
+
+
+ABORTED_AFTER_RAISE = (  # a gloo script's rank 0 raised; torch then aborted the process at exit
+    "[rank0]: Traceback (most recent call last):", '[rank0]:   File "/tmp/c.py", line 7, in <module>',
+    '[rank0]:     raise ValueError("boom on rank 0")', "[rank0]: ValueError: boom on rank 0",
+    "terminate called without an active exception")
+
+
+def test_the_summary_names_the_exception_a_rank_raised_even_when_a_signal_ended_it():
+    text = console.failure_summary(exit_(0, -6, *ABORTED_AFTER_RAISE)).splitlines()[0]
+    assert text.startswith("rank 0 on localhost was killed (SIGABRT): ValueError: boom on rank 0 (the script raised it")
+    plain = console.failure_summary(exit_(1, 1, "Traceback (most recent call last):", '  File "t.py", line 1',
+                                          "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB"))
+    assert plain.splitlines()[0].startswith("rank 1 on localhost exited with code 1: torch.OutOfMemoryError: CUDA out")
+
+
+@pytest.mark.parametrize("tail", [
+    ("loss 2.3", "Killed"),                                                       # no traceback: nothing named
+    ("Traceback (most recent call last):", '  File "t.py", line 9, in <module>'),   # cut before its last line
+    ("ValueError: printed by the script, not raised", "exit"),
+])
+def test_no_exception_is_named_without_a_whole_traceback(tail):
+    assert console.raised_exception(list(tail)) is None
