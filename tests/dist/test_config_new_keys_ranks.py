@@ -36,4 +36,4 @@ def test_a_rank_that_passes_it_to_initialize_ends_the_job_with_one_message(tmp_p
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and "Traceback" not in done.stdout
     assert done.stderr.count("zero_optimization.zenflow ") == 1, done.stderr
-    assert "config error" in done.stderr and "issue 43" in done.stderr
+    assert "config error" in done.stderr and "\"ratio\": 0.3" in done.stderr   # the hint: the knob that is built
