@@ -4,6 +4,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -17,6 +18,28 @@ pytestmark = pytest.mark.cluster
 def dslaunch(*args, timeout=180):
     return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
+
+
+def launch(argv, seconds, **kwargs):
+    """dslaunch started with its output piped, stopped if it runs past ``seconds`` (SIGTERM, which tears
+    its ranks down on every node; SIGKILL 20 s later). A job that hangs then fails its test with
+    dslaunch's own stderr, where pytest-timeout would show only the test's frame, and leaves no job
+    behind holding the nodes' master port for the tests after it (the preflight of the next job would
+    refuse the port: one hang would fail them all)."""
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT, **kwargs)
+
+    def stop():
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    timer = threading.Timer(seconds, stop)
+    timer.daemon = True
+    timer.start()
+    return proc
 
 
 @pytest.mark.parametrize("launcher", ["ssh", "pdsh"])
@@ -39,14 +62,12 @@ def test_a_remote_rank_that_crashes_every_time_exits_with_its_code(cluster_hostf
 
 
 def test_a_cut_node_is_dropped_and_the_job_finishes_on_the_two_left(cluster_hostfile, healthy_cluster):
-    proc = subprocess.Popen([sys.executable, "-m", "launcher", "-H", str(cluster_hostfile(3)), "--launcher", "ssh",
-                             "--heartbeat_timeout", "3", "--max_restarts", "1", "--min_nodes", "2",
-                             RANKS, "first-try-sleeps"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=ROOT)
+    proc = launch(["-H", str(cluster_hostfile(3)), "--launcher", "ssh", "--heartbeat_timeout", "3",
+                   "--max_restarts", "1", "--min_nodes", "2", RANKS, "first-try-sleeps"], 200)
     seen = []
     while len([line for line in seen if "TRY 0" in line]) < 6:
         seen.append(proc.stdout.readline())
-        assert seen[-1], "the first try did not start 6 ranks"
+        assert seen[-1], "the first try did not start 6 ranks: " + proc.stderr.read()
     healthy_cluster.cut(3)
     cut_at = time.monotonic()
     try:
@@ -83,11 +104,9 @@ def train(hostfile, folder, *flags, cut=None, cluster=None, at_step_3=None):
     node `cut`'s link is cut after step 3 of the first try (or `at_step_3()` is called then). Returns
     (rank-0 lines, stderr, seconds from the cut to the first step on the survivors)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "launcher", "-H", str(hostfile), "--launcher", "ssh",
-                             "--heartbeat_timeout", "3", "--no_local_rank", "--env", "ELASTIC_TBS=12",
-                             "--env", "ELASTIC_STEP_SLEEP=1.0", *flags, WORKER, str(folder),
-                             str(LAST + 1), str(LAST)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=ROOT, env=env)
+    proc = launch(["-H", str(hostfile), "--launcher", "ssh", "--heartbeat_timeout", "3", "--no_local_rank",
+                   "--env", "ELASTIC_TBS=12", "--env", "ELASTIC_STEP_SLEEP=1.0", *flags, WORKER, str(folder),
+                   str(LAST + 1), str(LAST)], 120, env=env)   # a run takes 30-60 s; two fit pytest's 300
     lines, cut_at, first_after, everything = [], None, None, []
     try:
         for line in proc.stdout:
@@ -163,13 +182,12 @@ def test_sigint_during_the_restarts_exits_130_and_leaves_nothing_on_any_node(clu
 
 def _start_first_try_sleeps(hostfile, *flags, launcher="ssh"):
     """The 3-node first-try-sleeps job; returns (proc, lines seen, pid of rank 4 on node3)."""
-    proc = subprocess.Popen([sys.executable, "-m", "launcher", "-H", str(hostfile), "--launcher", launcher,
-                             "--heartbeat_timeout", "3", *flags, RANKS, "first-try-sleeps"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = launch(["-H", str(hostfile), "--launcher", launcher, "--heartbeat_timeout", "3", *flags, RANKS,
+                   "first-try-sleeps"], 200)
     seen, rank4 = [], None
     while len([line for line in seen if "TRY 0" in line]) < 6 or rank4 is None:
         seen.append(proc.stdout.readline())
-        assert seen[-1], "the first try did not start 6 ranks"
+        assert seen[-1], "the first try did not start 6 ranks: " + proc.stderr.read()
         found = re.search(r"\[rank 4\] pid (\d+) rank 4", seen[-1])
         rank4 = int(found.group(1)) if found else rank4
     return proc, seen, rank4
