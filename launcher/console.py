@@ -100,6 +100,7 @@ def failure_summary(failure: RankExit, lines: int = 10, exits: tuple[RankExit, .
 
 
 _ENGINE_ERROR = re.compile(r"^dslaunch: ([a-z ]+ error|not supported): ")
+_LOCAL_RANK_REJECTED = re.compile(r"error: unrecognized arguments:.*--local_rank")
 _TORCH_PREFIX = re.compile(r"^\[rank\d+\]: ?")
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit|Failure)\b(:.*)?$")
 
@@ -114,7 +115,6 @@ def raised_exception(tail: list[str]) -> str | None:
         return None
     found = [line for line in lines[start + 1:] if _EXCEPTION_LINE.match(line)]
     return found[0][:300] if found else None
-_LOCAL_RANK_REJECTED = re.compile(r"error: unrecognized arguments:.*--local_rank")
 
 
 def _hint(tail: list[str]) -> str | None:

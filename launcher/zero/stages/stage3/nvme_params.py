@@ -167,9 +167,12 @@ class ParamFiles:
 
     def flush(self) -> None:
         """Wait for every queued write; the first that failed is raised."""
+        self._drain()
+        self._raise_failed_writes()
+
+    def _drain(self) -> None:
         while self._writes:
             self._finish_oldest_write()
-        self._raise_failed_writes()
 
     def _write_at(self, data: torch.Tensor, offset: int) -> None:
         with self._guard("write"):
@@ -196,8 +199,7 @@ class ParamFiles:
         checkpoint reads every shard), stop the thread (the file stays for a later look)."""
         for key in list(self._ahead):
             self._free.append(self._drop(key))
-        while self._writes:
-            self._finish_oldest_write()
+        self._drain()
         self._io.shutdown(wait=True)
 
     def _guard(self, what: str):
