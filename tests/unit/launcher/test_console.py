@@ -65,7 +65,8 @@ def test_the_summary_names_the_exception_a_rank_raised_even_when_a_signal_ended_
 
 @pytest.mark.parametrize("tail", [
     ("loss 2.3", "Killed"),                                                       # no traceback: nothing named
-    ("Traceback (most recent call last):", '  File "t.py", line 9, in <module>'),   # cut before its last line
+    ("Traceback (most recent call last):", '  File "t.py", line 9, in <module>',   # cut before its last line,
+     '    return {"loss": loss}'),                                       # a source line is not the exception
     ("ValueError: printed by the script, not raised", "exit"),
 ])
 def test_no_exception_is_named_without_a_whole_traceback(tail):
